@@ -1,0 +1,423 @@
+"""The Transformer: feed-forward blocks, norms, encoder/decoder layers, models, KV-cached decoding.
+
+Layout: token ids ``(B, L)``; activations ``(B, L, d)``. Masks follow `xfam_lib.attention`
+(True = may attend). Every model that decodes step by step implements ``make_cache`` and takes
+``cache=`` in its decoding call, and cached decoding is tested equal to recomputation.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import CrossKVCache, KVCache, MultiHeadAttention
+from .positional import RotaryEmbedding, sinusoidal_encoding
+from .utils import check_positive_int, check_tensor
+
+__all__ = [
+    "FeedForward", "layer_norm", "batch_norm", "RMSNorm", "SwiGLU", "ffn_hidden_size",
+    "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "EncoderDecoder", "TransformerLM",
+    "embed_onehot", "shift_right", "teacher_forcing_loss", "generate", "greedy_decode",
+    "beam_search", "count_params",
+]
+
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+# ----------------------------------------------------------------------------- building blocks
+class FeedForward(nn.Module):
+    """Position-wise FFN ``act(x W1 + b1) W2 + b2``, applied to every position separately: ``(..., d) -> (..., d)``."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", *, bias: bool = True):
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(_ACTIVATIONS[self.activation](self.linear1(x)))
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm: statistics over the last dim (features) of each position, independent of the batch."""
+    mean = x.mean(dim=-1, keepdim=True)
+    var = x.var(dim=-1, unbiased=False, keepdim=True)
+    y = (x - mean) / torch.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    return y + bias if bias is not None else y
+
+
+def batch_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """BatchNorm in training mode: statistics per feature over every other axis (e.g. B and T of ``(B, T, d)``)."""
+    dims = tuple(range(x.dim() - 1))
+    mean = x.mean(dim=dims, keepdim=True)
+    var = x.var(dim=dims, unbiased=False, keepdim=True)
+    y = (x - mean) / torch.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    return y + bias if bias is not None else y
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm: ``x / sqrt(mean(x^2) + eps) * weight`` over the last dim (no centring, no bias)."""
+
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class SwiGLU(nn.Module):
+    """Gated FFN ``(silu(x W1) * (x W3)) W2`` of Llama-style models (no biases)."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, hidden, bias=False)
+        self.w3 = nn.Linear(d_model, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def ffn_hidden_size(dim: int, multiple_of: int, ffn_dim_multiplier: float | None = None) -> int:
+    """Llama's SwiGLU width: ``4*dim*2/3``, times the multiplier, rounded up to ``multiple_of``."""
+    hidden = int(2 * (4 * dim) / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * math.ceil(hidden / multiple_of)
+
+
+# ----------------------------------------------------------------------------- layers
+class EncoderLayer(nn.Module):
+    """Self-attention then FFN, each wrapped in a residual connection and a LayerNorm.
+
+    ``norm_first=False`` (Post-LN, the original): ``x = LN(x + Sublayer(x))``.
+    ``norm_first=True`` (Pre-LN): ``x = x + Sublayer(LN(x))``. ``(B, L, d) -> (B, L, d)``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, norm_first: bool = False,
+                 activation: str = "relu", eps: float = 1e-5):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.ff = FeedForward(d_model, d_ff, activation)
+        self.norm1 = nn.LayerNorm(d_model, eps=eps)
+        self.norm2 = nn.LayerNorm(d_model, eps=eps)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.norm_first:
+            h = self.norm1(x)
+            x = x + self.self_attn(h, mask=mask)
+            return x + self.ff(self.norm2(x))
+        x = self.norm1(x + self.self_attn(x, mask=mask))
+        return self.norm2(x + self.ff(x))
+
+
+class DecoderLayer(nn.Module):
+    """Masked (causal) self-attention → cross-attention over the encoder memory → FFN.
+
+    Each sub-layer has a residual connection and a LayerNorm, placed as in `EncoderLayer`.
+    ``forward(x (B, T, d), memory (B, S, d), memory_mask=None, self_mask=None, cache=None)``;
+    ``cache`` is a ``(KVCache, CrossKVCache)`` pair from `Decoder.make_cache`.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, norm_first: bool = False,
+                 activation: str = "relu", eps: float = 1e-5):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads)
+        self.ff = FeedForward(d_model, d_ff, activation)
+        self.norm1 = nn.LayerNorm(d_model, eps=eps)
+        self.norm2 = nn.LayerNorm(d_model, eps=eps)
+        self.norm3 = nn.LayerNorm(d_model, eps=eps)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
+                self_mask: torch.Tensor | None = None,
+                cache: tuple[KVCache, CrossKVCache] | None = None) -> torch.Tensor:
+        self_cache, cross_cache = cache if cache is not None else (None, None)
+
+        def self_block(h):
+            return self.self_attn(h, mask=self_mask, causal=True, cache=self_cache)
+
+        def cross_block(h):
+            return self.cross_attn(h, kv=memory, mask=memory_mask, cache=cross_cache)
+
+        if self.norm_first:
+            x = x + self_block(self.norm1(x))
+            x = x + cross_block(self.norm2(x))
+            return x + self.ff(self.norm3(x))
+        x = self.norm1(x + self_block(x))
+        x = self.norm2(x + cross_block(x))
+        return self.norm3(x + self.ff(x))
+
+
+class Encoder(nn.Module):
+    """A stack of `EncoderLayer` on embedded inputs, with an optional final LayerNorm (needed for Pre-LN)."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, n_layers: int, *, norm_first: bool = False,
+                 final_norm: bool | None = None, activation: str = "relu"):
+        super().__init__()
+        check_positive_int("n_layers", n_layers)
+        self.layers = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, norm_first=norm_first, activation=activation)
+                                    for _ in range(n_layers))
+        self.norm = nn.LayerNorm(d_model) if (norm_first if final_norm is None else final_norm) else nn.Identity()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    """A stack of `DecoderLayer` on embedded targets, with an optional final LayerNorm."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, n_layers: int, *, norm_first: bool = False,
+                 final_norm: bool | None = None, activation: str = "relu"):
+        super().__init__()
+        check_positive_int("n_layers", n_layers)
+        self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, norm_first=norm_first, activation=activation)
+                                    for _ in range(n_layers))
+        self.norm = nn.LayerNorm(d_model) if (norm_first if final_norm is None else final_norm) else nn.Identity()
+
+    def make_cache(self, batch: int, max_len: int) -> list[tuple[KVCache, CrossKVCache]]:
+        """One (self-attention KVCache, cross-attention CrossKVCache) pair per layer."""
+        return [(layer.self_attn.make_cache(batch, max_len), CrossKVCache()) for layer in self.layers]
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
+                self_mask: torch.Tensor | None = None, cache: list | None = None) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, memory_mask, self_mask, None if cache is None else cache[i])
+        return self.norm(x)
+
+
+# ----------------------------------------------------------------------------- models
+class EncoderDecoder(nn.Module):
+    """The original Transformer for sequence-to-sequence tasks.
+
+    Token embeddings (scaled by ``sqrt(d)``) plus sinusoidal positions, an `Encoder`, a `Decoder`
+    and a linear head to ``vocab`` logits. ``forward(src (B, S), tgt_in (B, T)) -> (B, T, vocab)``.
+    Source positions equal to ``pad_id`` are masked out of attention.
+    """
+
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_enc: int, n_dec: int, d_ff: int, *,
+                 norm_first: bool = False, pad_id: int | None = 0, max_len: int = 512):
+        super().__init__()
+        check_positive_int("vocab", vocab)
+        self.vocab, self.d_model, self.pad_id = vocab, d_model, pad_id
+        self.src_embed = nn.Embedding(vocab, d_model)
+        self.tgt_embed = nn.Embedding(vocab, d_model)
+        self.register_buffer("pos", sinusoidal_encoding(max_len, d_model), persistent=False)
+        self.encoder = Encoder(d_model, n_heads, d_ff, n_enc, norm_first=norm_first)
+        self.decoder = Decoder(d_model, n_heads, d_ff, n_dec, norm_first=norm_first)
+        self.head = nn.Linear(d_model, vocab)
+
+    def _embed(self, table: nn.Embedding, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        check_tensor("ids", ids, rank=2)
+        if start + ids.shape[1] > self.pos.shape[0]:
+            raise ValueError(f"sequence of length {start + ids.shape[1]} exceeds max_len={self.pos.shape[0]}")
+        return table(ids) * math.sqrt(self.d_model) + self.pos[start:start + ids.shape[1]]
+
+    def source_mask(self, src: torch.Tensor) -> torch.Tensor | None:
+        """``(B, 1, 1, S)`` key mask hiding padding, or None without a ``pad_id``."""
+        return None if self.pad_id is None else (src != self.pad_id)[:, None, None, :]
+
+    def encode(self, src: torch.Tensor) -> torch.Tensor:
+        """Source ids ``(B, S)`` → memory ``(B, S, d)``: one contextual vector per source token."""
+        return self.encoder(self._embed(self.src_embed, src), self.source_mask(src))
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        """Target ids ``(B, T)`` → logits ``(B, T, vocab)``. With ``cache``, ``tgt_in`` holds only the new tokens."""
+        start = cache[0][0].length if cache is not None else 0
+        h = self.decoder(self._embed(self.tgt_embed, tgt_in, start), memory, self.source_mask(src), cache=cache)
+        return self.head(h)
+
+    def make_cache(self, batch: int, max_len: int) -> list:
+        return self.decoder.make_cache(batch, max_len)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        return self.decode(tgt_in, self.encode(src), src)
+
+
+class _LMBlock(nn.Module):
+    """Pre-norm decoder-only block: ``x + Attn(RMSNorm(x))`` then ``x + SwiGLU(RMSNorm(x))``."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int, rope: nn.Module | None):
+        super().__init__()
+        self.attn_norm = RMSNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, bias=False, rope=rope)
+        self.ff_norm = RMSNorm(d_model)
+        self.ff = SwiGLU(d_model, d_ff)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), causal=True, cache=cache)
+        return x + self.ff(self.ff_norm(x))
+
+
+class TransformerLM(nn.Module):
+    """A Llama-style decoder-only language model: pre-norm RMSNorm blocks, GQA, SwiGLU, causal attention.
+
+    ``positional`` is ``"rope"`` (rotary, default), ``"sinusoidal"`` or ``"learned"`` (added to the
+    embeddings) or ``"none"``. ``forward(ids (B, L), cache=None) -> logits (B, L, vocab)``; with a
+    cache from `make_cache`, ``ids`` holds only the new tokens.
+    """
+
+    POSITIONAL = ("rope", "sinusoidal", "learned", "none")
+
+    def __init__(self, vocab: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int | None = None, *,
+                 d_ff: int | None = None, positional: str = "rope", max_len: int = 1024, rope_base: float = 10000.0):
+        super().__init__()
+        if positional not in self.POSITIONAL:
+            raise ValueError(f"positional must be one of {self.POSITIONAL}, got {positional!r}")
+        check_positive_int("vocab", vocab)
+        check_positive_int("n_layers", n_layers)
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        d_ff = d_ff or ffn_hidden_size(d_model, multiple_of=16)
+        self.positional, self.max_len = positional, max_len
+        self.embed = nn.Embedding(vocab, d_model)
+        if positional == "sinusoidal":
+            self.register_buffer("pos", sinusoidal_encoding(max_len, d_model), persistent=False)
+        elif positional == "learned":
+            self.pos = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
+        rope = RotaryEmbedding(rope_base) if positional == "rope" else None
+        self.blocks = nn.ModuleList(_LMBlock(d_model, n_heads, n_kv_heads, d_ff, rope) for _ in range(n_layers))
+        self.norm = RMSNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+
+    def make_cache(self, batch: int, max_len: int) -> list[KVCache]:
+        return [block.attn.make_cache(batch, max_len) for block in self.blocks]
+
+    def forward(self, ids: torch.Tensor, cache: list[KVCache] | None = None) -> torch.Tensor:
+        check_tensor("ids", ids, rank=2)
+        start = cache[0].length if cache is not None else 0
+        x = self.embed(ids)
+        if self.positional in ("sinusoidal", "learned"):
+            if start + ids.shape[1] > self.max_len:
+                raise ValueError(f"positions up to {start + ids.shape[1]} exceed max_len={self.max_len}")
+            x = x + self.pos[start:start + ids.shape[1]]
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if cache is None else cache[i])
+        return self.head(self.norm(x))
+
+
+# ----------------------------------------------------------------------------- training helpers
+def embed_onehot(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Embedding as a matrix product: ``one_hot(ids) @ weight`` (what ``nn.Embedding`` computes by lookup)."""
+    return F.one_hot(ids, weight.shape[0]).to(weight.dtype) @ weight
+
+
+def shift_right(y: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """Decoder input for teacher forcing: ``[bos, y_0, ..., y_{T-2}]`` for targets ``y (B, T)``."""
+    check_tensor("y", y, rank=2)
+    bos = torch.full_like(y[:, :1], bos_id)
+    return torch.cat([bos, y[:, :-1]], dim=1)
+
+
+def teacher_forcing_loss(model: EncoderDecoder, src: torch.Tensor, tgt: torch.Tensor, bos_id: int,
+                         ignore_index: int | None = None) -> torch.Tensor:
+    """Mean cross-entropy of predicting every target position in one causal pass on gold prefixes."""
+    logits = model(src, shift_right(tgt, bos_id))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                           ignore_index=-100 if ignore_index is None else ignore_index)
+
+
+def _next_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model: TransformerLM, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+             use_cache: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Extend ``prompt (B, P)`` by ``max_new_tokens`` tokens: greedy at ``temperature=0``, else sampled.
+
+    With ``use_cache`` the prompt is prefilled once and each step feeds one token; without it,
+    every step recomputes the whole sequence. Both give the same tokens. Returns ``(B, P + new)``.
+    """
+    check_tensor("prompt", prompt, rank=2)
+    check_positive_int("max_new_tokens", max_new_tokens)
+    ids = prompt
+    cache = model.make_cache(prompt.shape[0], prompt.shape[1] + max_new_tokens) if use_cache else None
+    step_input = prompt
+    for _ in range(max_new_tokens):
+        logits = model(step_input, cache=cache) if use_cache else model(ids)
+        nxt = _next_token(logits[:, -1], temperature, generator)
+        ids = torch.cat([ids, nxt[:, None]], dim=1)
+        step_input = nxt[:, None]
+    return ids
+
+
+@torch.no_grad()
+def greedy_decode(model: EncoderDecoder, src: torch.Tensor, bos_id: int, max_len: int, *,
+                  use_cache: bool = True) -> torch.Tensor:
+    """Greedy decoding of an `EncoderDecoder`: ``src (B, S)`` → ``(B, max_len)`` tokens (BOS not included)."""
+    check_positive_int("max_len", max_len)
+    memory = model.encode(src)
+    out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
+    cache = model.make_cache(src.shape[0], max_len) if use_cache else None
+    for _ in range(max_len):
+        step_in = out[:, -1:] if use_cache else out
+        logits = model.decode(step_in, memory, src, cache=cache)
+        out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return out[:, 1:]
+
+
+@torch.no_grad()
+def beam_search(model: EncoderDecoder, src: torch.Tensor, bos_id: int, max_len: int, beam_size: int = 4,
+                eos_id: int | None = None) -> tuple[torch.Tensor, float]:
+    """Beam search for one source ``src (1, S)``: the ``(max_len,)`` sequence of highest total log-probability.
+
+    Keeps the ``beam_size`` best prefixes at every step (a finished beam, ending in ``eos_id``,
+    keeps its score and is padded with ``eos_id``). Returns ``(tokens, log_prob)``.
+    ``beam_size=1`` is greedy decoding.
+    """
+    check_tensor("src", src, rank=2)
+    if src.shape[0] != 1:
+        raise ValueError(f"beam_search decodes one source at a time, got src of shape {tuple(src.shape)}")
+    check_positive_int("beam_size", beam_size)
+    check_positive_int("max_len", max_len)
+    memory = model.encode(src)
+    beams = torch.full((1, 1), bos_id, dtype=torch.long, device=src.device)
+    scores = torch.zeros(1, device=src.device, dtype=torch.float64)
+    for _ in range(max_len):
+        n = beams.shape[0]
+        logits = model.decode(beams, memory.expand(n, -1, -1), src.expand(n, -1))[:, -1]
+        logp = torch.log_softmax(logits.double(), dim=-1)                       # (n, V)
+        if eos_id is not None:
+            done = beams[:, -1] == eos_id
+            frozen = torch.full_like(logp, float("-inf"))
+            frozen[:, eos_id] = 0.0
+            logp = torch.where(done[:, None], frozen, logp)
+        total = (scores[:, None] + logp).flatten()
+        top = total.topk(min(beam_size, total.numel()))
+        vocab = logp.shape[-1]
+        beams = torch.cat([beams[top.indices // vocab], (top.indices % vocab)[:, None]], dim=1)
+        scores = top.values
+    best = int(scores.argmax())
+    return beams[best, 1:], float(scores[best])
+
+
+def count_params(module: nn.Module, by: str | None = None) -> int | dict[str, int]:
+    """Number of parameters; ``by="submodule"`` gives a dict per direct child."""
+    if by is None:
+        return sum(p.numel() for p in module.parameters())
+    if by != "submodule":
+        raise ValueError(f"by must be None or 'submodule', got {by!r}")
+    return {name: sum(p.numel() for p in child.parameters()) for name, child in module.named_children()}
+

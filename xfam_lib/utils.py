@@ -1,0 +1,119 @@
+"""Device choice, seeding, size presets, argument checks and `show_source`.
+
+This is the bottom of the library: it imports nothing from the rest of `xfam_lib`.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = [
+    "pick_device",
+    "seed_everything",
+    "SizePreset",
+    "size_preset",
+    "show_source",
+    "check_tensor",
+    "check_positive_int",
+    "check_same_dtype",
+]
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """The device chapters run on: ``prefer`` if given, else CUDA when available, else CPU.
+
+    The environment variable ``XFAM_DEVICE`` overrides both (e.g. ``XFAM_DEVICE=cpu``).
+    """
+    choice = os.environ.get("XFAM_DEVICE") or prefer
+    if choice:
+        return torch.device(choice)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def seed_everything(seed: int = 0) -> torch.Generator:
+    """Seed Python, NumPy and torch (all devices); returns a CPU ``torch.Generator`` with that seed."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+@dataclass(frozen=True)
+class SizePreset:
+    """One size knob for a chapter: ``scale`` multiplies every demo size.
+
+    ``scale`` is 1 on a CPU and larger on a GPU; use ``n(x)`` to scale an integer size.
+    """
+
+    name: str
+    scale: int
+
+    def n(self, base: int, multiple: int = 1) -> int:
+        """``base * scale``, rounded down to a multiple of ``multiple`` (at least ``multiple``)."""
+        value = max(multiple, (base * self.scale) // multiple * multiple)
+        return int(value)
+
+
+def size_preset(device: torch.device | str | None = None) -> SizePreset:
+    """``SizePreset("cpu", 1)`` on a CPU, ``SizePreset("gpu", 4)`` on CUDA.
+
+    ``XFAM_SIZE_SCALE`` overrides the scale (e.g. to try GPU sizes on a big CPU).
+    """
+    device = torch.device(device) if device is not None else pick_device()
+    scale = 4 if device.type == "cuda" else 1
+    override = os.environ.get("XFAM_SIZE_SCALE")
+    if override:
+        scale = int(override)
+        if scale < 1:
+            raise ValueError(f"XFAM_SIZE_SCALE must be a positive integer, got {override!r}")
+    return SizePreset("gpu" if device.type == "cuda" else "cpu", scale)
+
+
+def show_source(obj) -> None:
+    """Display the source code of a library function or class with syntax highlighting.
+
+    In a notebook this renders highlighted HTML/Markdown; elsewhere it prints the source.
+    Chapters use it so that the code the reader sees *is* the library's code.
+    """
+    source = inspect.getsource(obj)
+    try:
+        from IPython.display import Markdown, display
+
+        display(Markdown(f"```python\n{source}```"))
+    except ImportError:  # pragma: no cover - IPython is always there in notebooks
+        print(source)
+
+
+# ----------------------------------------------------------------------------- argument checks
+def check_tensor(name: str, x, *, min_rank: int = 0, rank: int | None = None, floating: bool = False) -> None:
+    """Raise ``TypeError``/``ValueError`` naming ``name`` unless ``x`` is a tensor of the asked rank/kind."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if rank is not None and x.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dims, got shape {tuple(x.shape)}")
+    if x.dim() < min_rank:
+        raise ValueError(f"{name} must have at least {min_rank} dims, got shape {tuple(x.shape)}")
+    if floating and not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+
+
+def check_positive_int(name: str, value) -> int:
+    """Return ``value`` if it is a positive ``int``; otherwise raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive int, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return int(value)
+
+
+def check_same_dtype(**tensors: torch.Tensor) -> None:
+    """Raise ``TypeError`` listing the dtypes if the named tensors do not share one dtype."""
+    dtypes = {name: t.dtype for name, t in tensors.items()}
+    if len(set(dtypes.values())) > 1:
+        seen = ", ".join(f"{n}={d}" for n, d in dtypes.items())
+        raise TypeError(f"dtypes must match, got {seen}")

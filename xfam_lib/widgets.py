@@ -1,0 +1,47 @@
+"""Interactive figures that still show something without a kernel.
+
+`interactive_figure` draws the default state as an ordinary image output (so the HTML book
+and non-interactive runs show a real figure), then shows the controls; moving a control
+redraws that same output in place (``display_id`` updates, supported by Jupyter and Colab).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import matplotlib.pyplot as plt
+
+__all__ = ["interactive_figure"]
+
+
+def interactive_figure(draw: Callable[..., "plt.Figure"], **controls):
+    """Show ``draw(**defaults)`` now and redraw it whenever a control changes.
+
+    ``controls`` map each keyword of ``draw`` to an ``ipywidgets`` widget or an ``interact``
+    abbreviation (``(lo, hi, step)``, a list of options, a bool). ``draw`` must return a
+    ``matplotlib.figure.Figure``. Returns the ``ipywidgets.VBox`` of controls.
+    """
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    built = widgets.interactive(lambda **kw: None, **controls)
+    controls_by_name = {w.description: w for w in built.kwargs_widgets}
+    if set(controls_by_name) != set(controls):
+        raise ValueError(f"could not build widgets for {sorted(set(controls) - set(controls_by_name))}")
+
+    def current():
+        return {name: w.value for name, w in controls_by_name.items()}
+
+    fig = draw(**current())
+    handle = display(fig, display_id=True)
+    plt.close(fig)
+
+    def redraw(_change=None):
+        new = draw(**current())
+        handle.update(new)
+        plt.close(new)
+
+    for w in controls_by_name.values():
+        w.observe(redraw, names="value")
+    box = widgets.VBox(list(controls_by_name.values()))
+    display(box)
+    return box
