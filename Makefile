@@ -1,0 +1,38 @@
+# The two commands of the README. Both create .venv (Python 3.11) and install the pinned requirements.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: book test bench exercises grade clean
+
+$(STAMP): requirements.txt requirements-grading.txt requirements-lock.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-grading.txt -c requirements-lock.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+## make book: execute every notebook and build the HTML book into _build/html (fails on any error or warning)
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . --all -W --keep-going
+	@echo "Book built: open $(CURDIR)/_build/html/index.html"
+
+## make test: library tests, exercises, notebooks (nbval), the -W book build and a headless-browser check
+test: $(STAMP)
+	@bash scripts/test_all.sh
+
+## make bench: the performance benchmarks (JSON results and plots in benchmarks/results/)
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+## make exercises: student notebooks (committed) and autograder zips (_build/exercises) from the master notebooks
+exercises: $(STAMP)
+	$(PY) exercises/build.py
+
+## make grade CHAPTER=ch01 SUBMISSIONS=folder: grade every .ipynb in the folder into grades_ch01.csv
+grade: $(STAMP)
+	@test -n "$(CHAPTER)" -a -n "$(SUBMISSIONS)" || (echo "usage: make grade CHAPTER=ch01 SUBMISSIONS=path/to/folder" && exit 2)
+	$(PY) exercises/grade.py $(CHAPTER) $(SUBMISSIONS) --out grades_$(CHAPTER).csv
+
+clean:
+	rm -rf _build

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Everything CI checks, in order; each step runs even if an earlier one failed, then one summary.
+# Called by `make test` after it has set up .venv. Reports go to _build/test-reports/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+REPORTS=_build/test-reports
+mkdir -p "$REPORTS" && rm -f "$REPORTS"/*
+: > "$REPORTS/steps.tsv"
+
+step() {  # step NAME COMMAND... : run, record exit status and seconds
+  local name=$1; shift
+  echo
+  echo "=== [$name] $*"
+  local start=$SECONDS
+  "$@"
+  printf '%s\t%s\t%s\n' "$name" "$?" "$((SECONDS - start))" >> "$REPORTS/steps.tsv"
+}
+
+step "library, exercises and hygiene tests" \
+  $PY -m pytest tests -q -rfE --junitxml="$REPORTS/library.xml"
+step "notebooks (nbval, every chapter and exercise solution)" \
+  $PY -m pytest --nbval-lax --nbval-current-env -q -rfE --junitxml="$REPORTS/notebooks.xml" \
+  chapters exercises/*/ch*_exercises.ipynb
+step "book build (jupyter-book -W --keep-going)" \
+  .venv/bin/jupyter-book build . --all -W --keep-going
+step "built HTML in headless Chromium" \
+  $PY scripts/check_html.py --junitxml "$REPORTS/html.xml"
+$PY scripts/summary.py "$REPORTS"
