@@ -21,7 +21,7 @@ def interactive_figure(draw: Callable[..., "plt.Figure"], **controls):
     ``matplotlib.figure.Figure``. Returns the ``ipywidgets.VBox`` of controls.
     """
     import ipywidgets as widgets
-    from IPython.display import display
+    from IPython.display import DisplayHandle, display
 
     built = widgets.interactive(lambda **kw: None, **controls)
     controls_by_name = {w.description: w for w in built.kwargs_widgets}
@@ -32,7 +32,8 @@ def interactive_figure(draw: Callable[..., "plt.Figure"], **controls):
         return {name: w.value for name, w in controls_by_name.items()}
 
     fig = draw(**current())
-    handle = display(fig, display_id=True)
+    handle = DisplayHandle()
+    handle.display(fig)
     plt.close(fig)
 
     def redraw(_change=None):

@@ -1,0 +1,18 @@
+"""Shared pytest configuration: CUDA-only tests are skipped on machines without a GPU."""
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gen():
+    """A seeded CPU generator, so every test draws the same numbers."""
+    return torch.Generator().manual_seed(0)

@@ -1,0 +1,118 @@
+"""The library's base: utils, testing, bench, plots and widgets."""
+import matplotlib
+
+matplotlib.use("Agg")  # tests only: no display here (never set for the book build)
+
+import pytest
+import torch
+
+from xfam_lib import bench, plots, utils, widgets
+from xfam_lib.attention import MultiHeadAttention
+from xfam_lib.testing import assert_close, check_causal, check_permutation_equivariance, tolerance_for
+
+
+def test_pick_device_and_override(monkeypatch):
+    monkeypatch.delenv("XFAM_DEVICE", raising=False)
+    assert utils.pick_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setenv("XFAM_DEVICE", "cpu")
+    assert utils.pick_device("cuda").type == "cpu"
+
+
+def test_size_preset(monkeypatch):
+    monkeypatch.delenv("XFAM_SIZE_SCALE", raising=False)
+    cpu = utils.size_preset("cpu")
+    assert (cpu.name, cpu.scale) == ("cpu", 1) and cpu.n(100) == 100
+    assert utils.size_preset("cuda").scale > 1
+    monkeypatch.setenv("XFAM_SIZE_SCALE", "3")
+    assert utils.size_preset("cpu").n(100, multiple=64) == 256
+    monkeypatch.setenv("XFAM_SIZE_SCALE", "0")
+    with pytest.raises(ValueError, match="XFAM_SIZE_SCALE"):
+        utils.size_preset("cpu")
+
+
+def test_seed_everything_reproduces():
+    utils.seed_everything(3)
+    a = torch.randn(4)
+    utils.seed_everything(3)
+    assert torch.equal(a, torch.randn(4))
+
+
+def test_argument_checks_name_the_argument():
+    with pytest.raises(TypeError, match="foo must be a torch.Tensor"):
+        utils.check_tensor("foo", [1, 2])
+    with pytest.raises(ValueError, match=r"bar must have 3 dims, got shape \(2, 2\)"):
+        utils.check_tensor("bar", torch.zeros(2, 2), rank=3)
+    with pytest.raises(TypeError, match="floating"):
+        utils.check_tensor("x", torch.zeros(2, dtype=torch.long), floating=True)
+    with pytest.raises(ValueError, match="n must be positive"):
+        utils.check_positive_int("n", 0)
+    with pytest.raises(TypeError):
+        utils.check_positive_int("n", 2.0)
+    with pytest.raises(TypeError, match="a=torch.float32, b=torch.float64"):
+        utils.check_same_dtype(a=torch.zeros(1), b=torch.zeros(1, dtype=torch.float64))
+
+
+def test_assert_close_catches_what_it_should():
+    x = torch.randn(5, 4, dtype=torch.float64)
+    assert_close(x, x + 1e-12)
+    with pytest.raises(AssertionError, match="shape"):
+        assert_close(x, x.T)
+    with pytest.raises(AssertionError, match="non-finite"):
+        assert_close(x.clone().fill_(float("nan")), x)
+    with pytest.raises(AssertionError, match="max abs error"):
+        assert_close(x, x + 1e-4)
+    # bf16 tolerance is looser than fp32 and is chosen from the less precise tensor
+    assert tolerance_for(x.float(), x.bfloat16()) == tolerance_for(x.bfloat16())
+    assert tolerance_for(x.bfloat16())[1] > tolerance_for(x.float())[1]
+    y = x.float()
+    assert_close(y.bfloat16(), y)
+
+
+def test_check_causal_and_permutation_helpers():
+    x = torch.randn(1, 6, 3, dtype=torch.float64)
+    assert check_causal(lambda t: t.cumsum(-2), x) == 0.0
+    with pytest.raises(AssertionError):
+        check_causal(lambda t: t.flip(-2).cumsum(-2), x)
+    mha = MultiHeadAttention(3, 1).double()
+    assert check_permutation_equivariance(mha, x) < 1e-12
+    assert check_permutation_equivariance(lambda t: t.cumsum(-2), x) > 1e-3
+
+
+def test_time_fn_and_peak_memory():
+    assert bench.time_fn(lambda: torch.ones(10).sum(), repeats=3) > 0
+    n = 1 << 20
+    peak = bench.peak_memory(lambda: torch.ones(n, dtype=torch.float32) * 2)
+    assert 2 * 4 * n <= peak <= 3 * 4 * n            # the ones tensor and the product are alive together
+    freed = bench.peak_memory(lambda: [torch.ones(n).sum() for _ in range(4)])
+    assert 4 * n <= freed < 2 * 4 * n                 # temporaries freed between iterations
+
+
+def test_plots_shape_table_and_heatmaps():
+    mha = MultiHeadAttention(512, 8)
+    rows = plots.shape_table(mha, torch.zeros(2, 10, 512))
+    assert ("q_proj", "Linear", (2, 10, 512)) in rows
+    fig = plots.attention_heatmap(torch.rand(4, 5), title="w")
+    assert fig.axes[0].get_title() == "w"
+    fig = plots.heatmaps({"a": torch.rand(3, 3), "b": torch.rand(3, 4), "c": torch.eye(2)}, ncols=2)
+    assert len(fig.axes) == 4
+    fig = plots.loss_curves({"a": [3, 2, 1]}, reference={"chance": 2.5})
+    assert fig.axes[0].get_lines()
+    with pytest.raises(ValueError, match="2-D"):
+        plots.attention_heatmap(torch.rand(2, 3, 4))
+
+
+def test_interactive_figure_draws_default_then_redraws(capsys):
+    import matplotlib.pyplot as plt
+
+    calls = []
+
+    def draw(scale=1.0, kind="a"):
+        calls.append((scale, kind))
+        fig, ax = plt.subplots()
+        ax.plot([0, scale])
+        return fig
+
+    box = widgets.interactive_figure(draw, scale=(0.5, 2.0, 0.5), kind=["a", "b"])
+    assert calls == [(1.0, "a")] or calls == [(1.25, "a")]
+    box.children[1].value = "b"
+    assert calls[-1][1] == "b" and len(calls) == 2

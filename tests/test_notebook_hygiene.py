@@ -1,0 +1,71 @@
+"""Every chapter notebook is stored clean and starts the same way (DESIGN.md "Chapter anatomy").
+
+Stored without outputs; the canonical setup cell first (tagged hidden, from scripts/setup_cell.py);
+a Python 3 kernelspec; imports xfam_lib; a numbered title; cites its METHODS rows; listed in _toc.yml.
+Exercise master notebooks are also stored without outputs.
+"""
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("*/*.ipynb")) + sorted((ROOT / "exercises").glob("*/student/*.ipynb"))
+
+spec = importlib.util.spec_from_file_location("setup_cell", ROOT / "scripts" / "setup_cell.py")
+setup_cell = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(setup_cell)
+
+
+def load(path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def source(cell):
+    return "".join(cell["source"])
+
+
+def test_there_are_chapters():
+    assert CHAPTERS, "no chapters/*.ipynb found"
+
+
+@pytest.mark.parametrize("path", CHAPTERS + EXERCISES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_stored_without_outputs(path):
+    for i, cell in enumerate(load(path)["cells"]):
+        if cell["cell_type"] == "code":
+            assert not cell.get("outputs"), f"cell {i} has outputs: strip them"
+            assert cell.get("execution_count") is None, f"cell {i} has an execution count"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_anatomy(path):
+    nb = load(path)
+    assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), "chapters are named NN_slug.ipynb"
+    assert nb["metadata"].get("kernelspec", {}).get("name") == "python3"
+    assert nb["metadata"]["kernelspec"].get("language") == "python"
+    first = nb["cells"][0]
+    assert first["cell_type"] == "code" and source(first) == setup_cell.setup_cell_source(), \
+        "cell 0 must be the canonical setup cell: run `python scripts/setup_cell.py --fix`"
+    assert setup_cell.TAG in first["metadata"].get("tags", []), f"setup cell must be tagged {setup_cell.TAG}"
+    code = "\n".join(source(c) for c in nb["cells"] if c["cell_type"] == "code")
+    assert re.search(r"^\s*(from|import) xfam_lib", code, flags=re.M), "a chapter must import xfam_lib"
+    markdown = [source(c) for c in nb["cells"] if c["cell_type"] == "markdown"]
+    number = int(path.name[:2])
+    assert markdown and re.match(rf"#\s+{number}\.\s+\S", markdown[0]), "first markdown cell: '# N. Title'"
+    assert re.search(rf"\bM{number}\.\d+\b", "\n".join(markdown)), "cite the chapter's METHODS rows (M{N}.{row})"
+    assert "{cite}" in "\n".join(markdown), "cite papers with {cite}"
+
+
+def test_every_chapter_is_in_the_toc():
+    toc = (ROOT / "_toc.yml").read_text(encoding="utf-8")
+    for path in CHAPTERS:
+        assert f"file: chapters/{path.stem}" in toc, f"{path.name} is missing from _toc.yml"
+
+
+def test_setup_cell_uses_the_one_repository_url():
+    url = setup_cell.repository_url()
+    assert url.startswith("https://github.com/")
+    assert f"git+{url}" in setup_cell.setup_cell_source()
