@@ -1,4 +1,5 @@
-"""Attention: scaled dot-product attention, mask builders, multi-head attention (MHA/GQA/MQA).
+"""Attention: scaled dot-product attention, masks, multi-head attention (MHA/GQA/MQA), softmax
+numerics, scoring functions, log-sum-exp merging and tiled (FlashAttention-style) attention.
 
 Conventions (see the book's conventions page and ``shared/API.md``):
 
@@ -10,10 +11,12 @@ Conventions (see the book's conventions page and ``shared/API.md``):
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from .utils import check_positive_int, check_same_dtype, check_tensor
 
@@ -27,6 +30,25 @@ __all__ = [
     "KVCache",
     "CrossKVCache",
     "MultiHeadAttention",
+    "softmax_naive",
+    "softmax_safe",
+    "softmax_online",
+    "log_softmax_lse",
+    "softmax_jacobian",
+    "attention_entropy",
+    "logn_scale",
+    "dot_score",
+    "additive_score",
+    "bilinear_score",
+    "cosine_score",
+    "soft_lookup",
+    "shared_qk_scores",
+    "head_via_kron",
+    "normalized_relu_attention",
+    "attention_with_lse",
+    "merge_partials",
+    "BlockSizeError",
+    "tiled_attention",
 ]
 
 
@@ -132,6 +154,14 @@ def _check_bias(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> 
         raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast to scores {tuple(scores_shape)}") from None
 
 
+def _resolve_scale(scale: float | None, q: torch.Tensor) -> float:
+    """``1/sqrt(d_k)`` by default; otherwise ``scale``, which must be a positive finite number."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite number, got {scale}")
+    return scale
+
+
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
                         bias: torch.Tensor | None = None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The formula, step by step: ``softmax(q k^T * scale + bias, masked) v``. Returns ``(out, weights)``.
@@ -168,13 +198,14 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     around it; with it, from `attention_reference`, the explicit formula. Tests check the two agree.
     """
     _check_qkv(q, k, v)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be a positive finite number, got {scale}")
+    scale = _resolve_scale(scale, q)
     _check_bias(bias, q, k)
     if bias is not None and bias.dtype != q.dtype and not (q.dtype in (torch.float16, torch.bfloat16)):
         bias = bias.to(q.dtype)
-    mask = _combined_mask(q, k, mask, causal)
+    # Plain causal self-attention goes straight to the fused kernel's own causal path (top-left and
+    # bottom-right alignment coincide when Lq == Lk), so no (L, L) mask is built.
+    fused_causal = causal and mask is None and bias is None and not return_weights and q.shape[-2] == k.shape[-2]
+    mask = None if fused_causal else _combined_mask(q, k, mask, causal)
     in_dtype = q.dtype
     half = in_dtype in (torch.float16, torch.bfloat16)
 
@@ -196,10 +227,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if bias is not None:
         bias = bias.to(in_dtype)
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-    is_causal = causal and attn_mask is None and q.shape[-2] == k.shape[-2]
-    if is_causal:
-        attn_mask = None
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=fused_causal, scale=scale)
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
     return out
@@ -327,7 +355,7 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 causal: bool = False, cache: KVCache | CrossKVCache | None = None, *,
-                return_weights: bool = False):
+                return_weights: bool = False, bias: torch.Tensor | None = None):
         check_tensor("x", x, rank=3, floating=True)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must have d_model={self.d_model} features, got shape {tuple(x.shape)}")
@@ -359,10 +387,468 @@ class MultiHeadAttention(nn.Module):
         n_rep = self.n_heads // self.n_kv_heads
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
         want_weights = return_weights or self.keep_weights
-        result = scaled_dot_product_attention(q, k, v, mask, causal=causal, return_weights=want_weights)
+        result = scaled_dot_product_attention(q, k, v, mask, bias=bias, causal=causal, return_weights=want_weights)
         out, weights = result if want_weights else (result, None)
         if self.keep_weights:
             self.last_weights = weights.detach()
         b, _, lq, _ = out.shape
         out = self.out_proj(out.transpose(1, 2).reshape(b, lq, self.n_heads * self.d_head))
         return (out, weights) if return_weights else out
+
+
+# ------------------------------------------------------------------ softmax numerics (M2.13–M2.17, M3.3, M3.6)
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for half-precision inputs (accumulate in fp32), otherwise the dtype itself."""
+    return torch.float32 if dtype in _HALF else dtype
+
+
+def softmax_naive(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``exp(x) / sum(exp(x))`` exactly as written, in ``x``'s dtype.
+
+    Overflows for large logits: ``exp(1000)`` is ``inf`` in fp32 and fp64, so ``[1000, 999]`` gives
+    ``inf / inf = nan``. Kept as the cautionary reference for `softmax_safe`.
+    """
+    check_tensor("x", x, min_rank=1, floating=True)
+    e = torch.exp(x)
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def softmax_safe(x: torch.Tensor, dim: int = -1, *, upcast: bool = True) -> torch.Tensor:
+    """Softmax with the max subtracted first: ``exp(x - m) / sum(exp(x - m))``, ``m = max(x)``.
+
+    Shift invariance (``softmax(x + c) = softmax(x)``) makes the result exact while every exponent
+    is ``<= 0``, so nothing overflows. ``m`` is detached: its gradient contribution is exactly zero.
+    ``upcast=True`` (default) computes fp16/bf16 inputs in fp32 and rounds once at the end;
+    ``upcast=False`` computes in the input dtype (the lossy way, for comparison). Same shape out.
+    """
+    check_tensor("x", x, min_rank=1, floating=True)
+    in_dtype = x.dtype
+    if upcast:
+        x = x.to(_compute_dtype(in_dtype))
+    e = torch.exp(x - x.detach().amax(dim=dim, keepdim=True))
+    return (e / e.sum(dim=dim, keepdim=True)).to(in_dtype)
+
+
+def softmax_online(values, *, trace: bool = False):
+    """Softmax of a stream, reading each value once (Milakov & Gimelshein's online normaliser).
+
+    ``values`` is any iterable (a generator is fine) of numbers or 1-D tensor chunks. One pass keeps
+    a running max ``m`` and a denominator ``d`` rescaled whenever the max grows::
+
+        m_j = max(m_{j-1}, x_j)        d_j = d_{j-1} * exp(m_{j-1} - m_j) + exp(x_j - m_j)
+
+    so ``d_n = sum_i exp(x_i - m_n)`` (the safe denominator). The values are kept as they stream
+    past and the probabilities ``exp(x_i - m_n) / d_n`` are formed at the end. Returns a 1-D tensor
+    (the chunks' dtype, accumulated in fp32 for halves; float64 for Python numbers); with
+    ``trace=True`` returns ``(probs, maxes, denominators)``, the running ``m_j`` and ``d_j`` after
+    each element or chunk (float64 tensors).
+    """
+    seen, maxes, denoms = [], [], []
+    out_dtype = None
+    m = d = None
+    for chunk in values:
+        c = torch.as_tensor(chunk)
+        if not c.is_floating_point():
+            if c.dtype == torch.bool or c.is_complex():
+                raise TypeError(f"values must hold real numbers, got a chunk of dtype {c.dtype}")
+            c = c.to(torch.float64)
+        if out_dtype is None:
+            out_dtype = c.dtype
+            m = torch.tensor(float("-inf"), dtype=_compute_dtype(out_dtype), device=c.device)
+            d = torch.zeros((), dtype=m.dtype, device=c.device)
+        elif c.dtype != out_dtype:
+            raise TypeError(f"every chunk of values must have one dtype, got {out_dtype} then {c.dtype}")
+        c = c.reshape(-1).to(m.dtype)
+        if c.numel():
+            m_new = torch.maximum(m, c.max())
+            if m_new > float("-inf"):                    # rescale the old sum to the new max, add the chunk
+                d = d * torch.exp(m - m_new) + torch.exp(c - m_new).sum()
+            m = m_new
+            seen.append(c)
+        maxes.append(float(m))
+        denoms.append(float(d))
+    if not seen:
+        raise ValueError("values must contain at least one number")
+    probs = (torch.exp(torch.cat(seen) - m) / d).to(out_dtype)
+    if trace:
+        return probs, torch.tensor(maxes, dtype=torch.float64), torch.tensor(denoms, dtype=torch.float64)
+    return probs
+
+
+def log_softmax_lse(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``log softmax(x) = x - LSE(x)`` with ``LSE(x) = c + log sum exp(x - c)``, ``c = max(x)``.
+
+    Finite wherever the log-probability is finite: fp32 ``log(softmax([0, -200]))`` is ``[0, -inf]``
+    (``exp(-200)`` underflows) while this gives ``[0, -200]``. Halves are computed in fp32.
+    """
+    check_tensor("x", x, min_rank=1, floating=True)
+    in_dtype = x.dtype
+    x = x.to(_compute_dtype(in_dtype))
+    c = x.detach().amax(dim=dim, keepdim=True)
+    lse = c + torch.log(torch.exp(x - c).sum(dim=dim, keepdim=True))
+    return (x - lse).to(in_dtype)
+
+
+def softmax_jacobian(y: torch.Tensor) -> torch.Tensor:
+    """Jacobian of softmax at output ``y`` ``(..., n)``: ``J = diag(y) - y y^T`` ``(..., n, n)``.
+
+    ``J_ij = dy_i/dx_j = y_i (delta_ij - y_j)``; it vanishes for a one-hot ``y`` (saturation).
+    """
+    check_tensor("y", y, min_rank=1, floating=True)
+    return torch.diag_embed(y) - y.unsqueeze(-1) * y.unsqueeze(-2)
+
+
+def attention_entropy(weights: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Entropy in nats of each attention row: ``H = -sum_j a_j log a_j`` (with ``0 log 0 = 0``).
+
+    ``0 <= H <= log n``: 0 for a one-hot row, ``log n`` for a uniform row over ``n`` keys. The shape
+    is ``weights``'s without ``dim``; halves are computed in fp32 and returned in their dtype.
+    """
+    check_tensor("weights", weights, min_rank=1, floating=True)
+    w = weights.to(_compute_dtype(weights.dtype))
+    return (-torch.special.xlogy(w, w).sum(dim=dim)).to(weights.dtype)
+
+
+def logn_scale(n, train_len: int):
+    """Log-n attention factor ``log_m n = log n / log m`` (m = ``train_len``): multiply ``scale=`` by it.
+
+    Equals 1 at ``n = m`` and grows slowly beyond, sharpening the softmax as the context grows
+    (Su 2021). ``n`` is a positive int (returns a float) or an integer tensor of key counts, e.g.
+    ``arange(1, L + 1)`` for causal rows (returns a float tensor).
+    """
+    train_len = check_positive_int("train_len", train_len)
+    if train_len < 2:
+        raise ValueError(f"train_len must be >= 2 (log 1 = 0), got {train_len}")
+    if isinstance(n, torch.Tensor):
+        if n.is_floating_point() or n.dtype == torch.bool or (n < 1).any():
+            raise ValueError(f"n must hold positive integers, got dtype {n.dtype} and shape {tuple(n.shape)}")
+        return torch.log(n.double()) / math.log(train_len)
+    return math.log(check_positive_int("n", n)) / math.log(train_len)
+
+
+# ------------------------------------------------------------------ scoring functions (M2.3, M2.8–M2.12, M2.18)
+def _check_qk(q: torch.Tensor, k: torch.Tensor, *, same_d: bool = True) -> None:
+    check_tensor("q", q, min_rank=2, floating=True)
+    check_tensor("k", k, min_rank=2, floating=True)
+    check_same_dtype(q=q, k=k)
+    if same_d and q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share the feature size (dim -1), got q {tuple(q.shape)} and k {tuple(k.shape)}")
+
+
+def _check_matrix(name: str, w: torch.Tensor, shape: tuple[int | None, ...]) -> None:
+    check_tensor(name, w, rank=len(shape), floating=True)
+    if any(want is not None and got != want for got, want in zip(w.shape, shape)):
+        want = tuple("*" if s is None else s for s in shape)
+        raise ValueError(f"{name} must have shape {want}, got {tuple(w.shape)}")
+
+
+def dot_score(q: torch.Tensor, k: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+    """Dot-product scores ``scale * q k^T``: ``q (..., Lq, d)``, ``k (..., Lk, d)`` → ``(..., Lq, Lk)``."""
+    _check_qk(q, k)
+    return torch.matmul(q, k.transpose(-2, -1)) * scale
+
+
+def additive_score(q: torch.Tensor, k: torch.Tensor, W_q: torch.Tensor, W_k: torch.Tensor,
+                   w_v: torch.Tensor) -> torch.Tensor:
+    """Additive (Bahdanau) scores ``s_ij = w_v^T tanh(q_i W_q + k_j W_k)`` → ``(..., Lq, Lk)``.
+
+    ``q (..., Lq, d_q)``, ``k (..., Lk, d_k)``, ``W_q (d_q, d_h)``, ``W_k (d_k, d_h)``, ``w_v (d_h,)``.
+    Builds the ``(..., Lq, Lk, d_h)`` tensor of hidden activations (its memory cost is the point).
+    """
+    _check_qk(q, k, same_d=False)
+    _check_matrix("W_q", W_q, (q.shape[-1], None))
+    _check_matrix("W_k", W_k, (k.shape[-1], W_q.shape[1]))
+    _check_matrix("w_v", w_v, (W_q.shape[1],))
+    hidden = torch.tanh((q @ W_q).unsqueeze(-2) + (k @ W_k).unsqueeze(-3))    # (..., Lq, Lk, d_h)
+    return hidden @ w_v
+
+
+def bilinear_score(q: torch.Tensor, k: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """Bilinear ("general", Luong) scores ``q W k^T``: ``W (d_q, d_k)`` → ``(..., Lq, Lk)``."""
+    _check_qk(q, k, same_d=False)
+    _check_matrix("W", W, (q.shape[-1], k.shape[-1]))
+    return torch.matmul(q @ W, k.transpose(-2, -1))
+
+
+def cosine_score(q: torch.Tensor, k: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """Cosine scores ``cos(q_i, k_j) / tau`` in ``[-1/tau, 1/tau]`` → ``(..., Lq, Lk)``; norms are dropped."""
+    _check_qk(q, k)
+    if not tau > 0:
+        raise ValueError(f"tau must be positive, got {tau}")
+    return torch.matmul(F.normalize(q, dim=-1), F.normalize(k, dim=-1).transpose(-2, -1)) / tau
+
+
+def soft_lookup(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, tau: float = 1.0, *,
+                return_weights: bool = False):
+    """Attention as a soft dictionary lookup: ``softmax(q K^T / tau) V``.
+
+    ``q (d,)`` or ``(..., n_q, d)``, keys ``K (n, d)``, values ``V (n, d_v)`` → ``(d_v,)`` or
+    ``(..., n_q, d_v)``. As ``tau → 0`` it returns the value of the best-matching key (hard
+    lookup); as ``tau → inf`` the mean of the values. ``return_weights`` adds the ``(..., n)`` weights.
+    """
+    check_tensor("q", q, min_rank=1, floating=True)
+    check_tensor("V", V, rank=2, floating=True)
+    if not tau > 0:
+        raise ValueError(f"tau must be positive, got {tau}")
+    check_tensor("K", K, rank=2, floating=True)
+    if V.shape[0] != K.shape[0]:
+        raise ValueError(f"K and V must have one row per key, got K {tuple(K.shape)} and V {tuple(V.shape)}")
+    single = q.dim() == 1
+    scores = dot_score(q.unsqueeze(0) if single else q, K) / tau
+    weights = softmax_safe(scores)
+    out = weights @ V
+    if single:
+        out, weights = out[0], weights[0]
+    return (out, weights) if return_weights else out
+
+
+def shared_qk_scores(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """Scores with one projection for queries and keys: ``(x W)(x W)^T`` ``(..., L, L)``.
+
+    ``x (..., L, d)``, ``W (d, d_k)``. The result is symmetric positive semi-definite: ``i → j``
+    scores exactly like ``j → i``, which is why attention uses separate ``W^Q`` and ``W^K``.
+    """
+    check_tensor("x", x, min_rank=2, floating=True)
+    _check_matrix("W", W, (x.shape[-1], None))
+    h = x @ W
+    return torch.matmul(h, h.transpose(-2, -1))
+
+
+def head_via_kron(X: torch.Tensor, A: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
+    """One attention head's output ``A X W_V W_O`` written as a single linear map ``A ⊗ (W_V W_O)^T``.
+
+    With row-major flattening, ``vec(A X B) = (A ⊗ B^T) vec(X)``: the QK circuit (``A``, mixing
+    positions) and the OV circuit (``B = W_V W_O``, mixing features) act on separate factors.
+    ``X (L, d)``, ``A (L, L)``, ``W_V (d, d_h)``, ``W_O (d_h, d_out)`` → ``(L, d_out)``. Builds the
+    ``(L d_out, L d)`` Kronecker matrix, so it is for small demos.
+    """
+    check_tensor("X", X, rank=2, floating=True)
+    length, d = X.shape
+    _check_matrix("A", A, (length, length))
+    _check_matrix("W_V", W_V, (d, None))
+    _check_matrix("W_O", W_O, (W_V.shape[1], None))
+    ov_t = W_O.T @ W_V.T                        # (W_V W_O)^T, (d_out, d); kron needs contiguous factors
+    return (torch.kron(A, ov_t) @ X.reshape(-1)).reshape(length, ov_t.shape[0])
+
+
+def normalized_relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6, *,
+                              scale: float | None = None, return_weights: bool = False):
+    """Softmax replaced by normalised ReLU: ``a_ij = relu(s_ij) / (sum_j relu(s_ij) + eps)``.
+
+    ``s = scale * q k^T`` (default ``1/sqrt(d_k)``). Rows sum to 1 unless every score is ``<= 0``:
+    such a row gets all-zero weights, and with ``eps = 0`` it is ``0/0 = nan``. Shapes as in
+    `scaled_dot_product_attention`; halves are computed in fp32.
+    """
+    _check_qkv(q, k, v)
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    scale = _resolve_scale(scale, q)
+    in_dtype = q.dtype
+    q, k, v = (t.to(_compute_dtype(in_dtype)) for t in (q, k, v))
+    r = torch.relu(torch.matmul(q, k.transpose(-2, -1)) * scale)
+    weights = r / (r.sum(dim=-1, keepdim=True) + eps)
+    out = (weights @ v).to(in_dtype)
+    return (out, weights.to(in_dtype)) if return_weights else out
+
+
+# ----------------------------------------------------------------------------- log-sum-exp merging (M3.12)
+def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
+                       causal: bool = False, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention plus each query's log-sum-exp of scores: ``(out (..., Lq, d_v), lse (..., Lq))``.
+
+    ``lse_i = log sum_{j allowed} exp(scale * q_i . k_j)``, the log of the softmax denominator;
+    ``-inf`` for a row with no allowed key (whose output is zero). ``mask``, ``causal`` and ``scale``
+    as in `scaled_dot_product_attention`. Halves: computed in fp32, ``out`` returned in the input
+    dtype and ``lse`` in fp32. `merge_partials` combines results over disjoint key sets.
+    """
+    _check_qkv(q, k, v)
+    scale = _resolve_scale(scale, q)
+    mask = _combined_mask(q, k, mask, causal)
+    in_dtype = q.dtype
+    q, k, v = (t.to(_compute_dtype(in_dtype)) for t in (q, k, v))
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    m = scores.detach().amax(dim=-1, keepdim=True)
+    m = m.masked_fill(m == float("-inf"), 0.0)                     # rows with no key
+    e = torch.exp(scores - m)
+    total = e.sum(dim=-1, keepdim=True)
+    has_key = total > 0
+    total = torch.where(has_key, total, torch.ones_like(total))
+    out = torch.matmul(e / total, v)
+    lse = torch.where(has_key, m + torch.log(total), float("-inf")).squeeze(-1)
+    return out.to(in_dtype), lse
+
+
+def merge_partials(outs, lses) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine attention results over disjoint key sets into the attention over their union.
+
+    With ``lse = log sum_c exp(lse_c)``: ``out = sum_c exp(lse_c - lse) * out_c``. ``outs`` is a
+    sequence of ``(..., Lq, d_v)`` tensors and ``lses`` the matching ``(..., Lq)`` from
+    `attention_with_lse` (or `tiled_attention(..., return_lse=True)`). Returns ``(out, lse)`` in
+    the same convention, so merges nest; a row with no key in any part gives zeros and ``-inf``.
+    """
+    outs, lses = list(outs), list(lses)
+    if not outs or len(outs) != len(lses):
+        raise ValueError(f"outs and lses must be non-empty and of equal length, got {len(outs)} and {len(lses)}")
+    for i, (o, l) in enumerate(zip(outs, lses)):
+        check_tensor(f"outs[{i}]", o, min_rank=2, floating=True)
+        check_tensor(f"lses[{i}]", l, min_rank=1, floating=True)
+        if o.shape != outs[0].shape or l.shape != o.shape[:-1]:
+            raise ValueError(f"outs[{i}] {tuple(o.shape)} and lses[{i}] {tuple(l.shape)} must match "
+                             f"outs[0] {tuple(outs[0].shape)} and its shape without the last dim")
+    out_dtype = outs[0].dtype
+    work = _compute_dtype(out_dtype)
+    lse_c = torch.stack([l.to(work) for l in lses])                   # (C, ..., Lq)
+    out_c = torch.stack([o.to(work) for o in outs])                   # (C, ..., Lq, d_v)
+    m = lse_c.detach().amax(dim=0)
+    m = m.masked_fill(m == float("-inf"), 0.0)
+    w = torch.exp(lse_c - m)                                           # 0 for parts with no key
+    total = w.sum(dim=0)
+    has_key = total > 0
+    total = torch.where(has_key, total, torch.ones_like(total))
+    out = (w.unsqueeze(-1) * out_c).sum(dim=0) / total.unsqueeze(-1)
+    lse = torch.where(has_key, m + torch.log(total), float("-inf"))
+    return out.to(out_dtype), lse
+
+
+# ----------------------------------------------------------------------------- tiled attention (M3.11)
+class BlockSizeError(ValueError, TypeError):
+    """A bad block size: raised for non-positive *and* non-integer sizes (like NumPy's ``AxisError``,
+    it is both a ``ValueError`` and a ``TypeError``, so either ``except`` catches it)."""
+
+
+def _check_block(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise BlockSizeError(f"{name} must be a positive int, got {value!r} of type {type(value).__name__}")
+    if value <= 0:
+        raise BlockSizeError(f"{name} must be a positive int, got {value}")
+    return int(value)
+
+
+def _key_blocks(i0: int, i1: int, lk: int, offset: int, block_k: int, causal: bool, device):
+    """Key blocks ``(j0, j1, allowed)`` that query rows ``i0 .. i1-1`` can see.
+
+    Non-causal: every block, ``allowed = None``. Causal (query ``i`` at absolute position
+    ``i + offset``): blocks entirely in the future of the whole query block are skipped, blocks
+    entirely in the past get ``allowed = None``, and the diagonal blocks a boolean ``(i1-i0, j1-j0)`` mask.
+    """
+    first, last = i0 + offset, i1 - 1 + offset                          # positions of the first/last query
+    stop = min(lk, last + 1) if causal else lk
+    for j0 in range(0, max(stop, 0), block_k):
+        j1 = min(j0 + block_k, lk)
+        if not causal or j1 - 1 <= first:
+            yield j0, j1, None
+        else:
+            pos = torch.arange(first, last + 1, device=device).unsqueeze(-1)
+            yield j0, j1, torch.arange(j0, j1, device=device) <= pos
+
+
+def _tiled_forward(q, k, v, scale, causal, block_q, block_k):
+    """Online-softmax forward pass; returns ``out (..., Lq, d_v)`` and ``lse (..., Lq)`` in q's dtype."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    lse = q.new_empty(q.shape[:-1])
+    for i0 in range(0, lq, block_q):
+        i1 = min(i0 + block_q, lq)
+        q_blk = q[..., i0:i1, :]
+        m = q.new_full(q_blk.shape[:-1], float("-inf"))                 # running row max
+        l = q.new_zeros(q_blk.shape[:-1])                               # running denominator (at max m)
+        acc = q.new_zeros(q_blk.shape[:-1] + (v.shape[-1],))            # running numerator (at max m)
+        for j0, j1, allowed in _key_blocks(i0, i1, lk, lk - lq, block_k, causal, q.device):
+            s = torch.matmul(q_blk, k[..., j0:j1, :].transpose(-2, -1)) * scale
+            if allowed is not None:
+                s = s.masked_fill(~allowed, float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            shift = m_new.masked_fill(m_new == float("-inf"), 0.0)     # rows with no key yet: any finite shift
+            p = torch.exp(s - shift.unsqueeze(-1))
+            alpha = torch.exp(m - shift)                                # rescales the old sums to the new max
+            l = alpha * l + p.sum(dim=-1)
+            acc = alpha.unsqueeze(-1) * acc + torch.matmul(p, v[..., j0:j1, :])
+            m = m_new
+        has_key = l > 0
+        l = torch.where(has_key, l, torch.ones_like(l))
+        out[..., i0:i1, :] = acc / l.unsqueeze(-1)
+        lse[..., i0:i1] = torch.where(has_key, m + torch.log(l), float("-inf"))
+    return out, lse
+
+
+def _tiled_backward(q, k, v, out, lse, d_out, d_lse, scale, causal, block_q, block_k):
+    """FlashAttention's backward: recompute each block of P from the saved ``lse``, never all of it.
+
+    With ``P = exp(S - lse)``, ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)`` where
+    ``D_i = sum_c dO_ic O_ic`` (minus ``dlse_i`` when lse itself has a gradient),
+    ``dQ = scale * dS K`` and ``dK = scale * dS^T Q``.
+    """
+    lq, lk = q.shape[-2], k.shape[-2]
+    delta = (d_out * out).sum(dim=-1)
+    if d_lse is not None:
+        delta = delta - d_lse
+    lse = lse.masked_fill(lse == float("-inf"), float("inf"))          # rows with no key: P = 0
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for i0 in range(0, lq, block_q):
+        i1 = min(i0 + block_q, lq)
+        q_blk, do_blk = q[..., i0:i1, :], d_out[..., i0:i1, :]
+        lse_blk, delta_blk = lse[..., i0:i1].unsqueeze(-1), delta[..., i0:i1].unsqueeze(-1)
+        for j0, j1, allowed in _key_blocks(i0, i1, lk, lk - lq, block_k, causal, q.device):
+            k_blk, v_blk = k[..., j0:j1, :], v[..., j0:j1, :]
+            s = torch.matmul(q_blk, k_blk.transpose(-2, -1)) * scale
+            if allowed is not None:
+                s = s.masked_fill(~allowed, float("-inf"))
+            p = torch.exp(s - lse_blk)
+            dv[..., j0:j1, :] += torch.matmul(p.transpose(-2, -1), do_blk)
+            ds = p * (torch.matmul(do_blk, v_blk.transpose(-2, -1)) - delta_blk)
+            dq[..., i0:i1, :] += torch.matmul(ds, k_blk) * scale
+            dk[..., j0:j1, :] += torch.matmul(ds.transpose(-2, -1), q_blk) * scale
+    return dq, dk, dv
+
+
+class _TiledAttention(torch.autograd.Function):
+    """Tiled attention with an O(L)-memory backward: saves only q, k, v, out and lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, block_q, block_k):
+        work = _compute_dtype(q.dtype)
+        out, lse = _tiled_forward(q.to(work), k.to(work), v.to(work), scale, causal, block_q, block_k)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.config = (scale, causal, block_q, block_k)
+        ctx.set_materialize_grads(False)
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_out, d_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        work = out.dtype
+        d_out = torch.zeros_like(out) if d_out is None else d_out.to(work)
+        d_lse = None if d_lse is None else d_lse.to(work)
+        dq, dk, dv = _tiled_backward(q.to(work), k.to(work), v.to(work), out, lse, d_out, d_lse, *ctx.config)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    scale: float | None = None, block_q: int = 64, block_k: int = 64, return_lse: bool = False):
+    """Exact attention computed block by block with an online softmax (the FlashAttention algorithm).
+
+    Same result as `scaled_dot_product_attention` (``q (..., Lq, d_k)``, ``k (..., Lk, d_k)``,
+    ``v (..., Lk, d_v)`` → ``(..., Lq, d_v)``), but the ``Lq x Lk`` score matrix never exists: each
+    ``block_q`` rows of queries sweep the keys ``block_k`` at a time, keeping per row a running max
+    ``m``, a denominator ``l`` and an output accumulator, rescaled by ``exp(m_old - m_new)`` whenever
+    the max grows. The largest temporary is ``block_q x block_k``.
+
+    ``causal`` is bottom-right aligned (query ``i`` at position ``Lk - Lq + i``); key blocks wholly
+    in a query block's future are skipped. If ``Lq > Lk`` the first ``Lq - Lk`` queries see no key
+    and return zeros. Block sizes need not divide the lengths (the last block is ragged).
+    fp16/bf16 are computed in fp32 and returned in their dtype. The backward pass recomputes score
+    blocks from the saved log-sum-exp, so training memory is also O(L). ``return_lse=True`` also
+    returns ``lse (..., Lq)`` (fp32 for halves), as `attention_with_lse` does.
+    """
+    _check_qkv(q, k, v)
+    scale = _resolve_scale(scale, q)
+    block_q = _check_block("block_q", block_q)
+    block_k = _check_block("block_k", block_k)
+    out, lse = _TiledAttention.apply(q, k, v, scale, bool(causal), block_q, block_k)
+    return (out, lse) if return_lse else out

@@ -1,22 +1,33 @@
-"""Timing and peak memory on any device.
+"""Timing and peak memory on any device, and the cost models of Chapter 3 (FLOPs, bytes, caches).
 
 `time_fn` reports the median of repeats after warm-up (synchronising CUDA). `peak_memory`
-uses the CUDA allocator's statistics on a GPU and, on a CPU, counts the bytes of the tensors
-created while the function runs (a dispatch-level tracker: exact for tensor storage, blind to
-allocator overhead and to memory outside torch).
+uses the CUDA allocator's statistics on a GPU and, on a CPU, counts the bytes of the storages
+that ops allocate while the function runs, each until it is freed (a dispatch-level tracker:
+exact for tensor storage, blind to allocator overhead, to scratch buffers inside fused kernels
+and to memory outside torch). `largest_intermediate` reports the largest tensor any op allocates.
 """
 from __future__ import annotations
 
+import functools
+import math
+import numbers
 import statistics
 import time
 import weakref
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["time_fn", "peak_memory"]
+from .attention import repeat_kv, scaled_dot_product_attention
+
+__all__ = [
+    "time_fn", "peak_memory", "largest_intermediate",
+    "attention_flops", "rnn_flops", "conv_flops", "path_length", "attention_io_bytes", "Roofline", "roofline",
+    "kv_cache_bytes", "paged_waste", "contiguous_waste", "adaptive_softmax_cost", "simulate_tensor_parallel",
+]
 
 
 def _sync(device: torch.device | str | None) -> None:
@@ -48,25 +59,36 @@ class _LiveTensorBytes(TorchDispatchMode):
         super().__init__()
         self.live = 0
         self.peak = 0
-        self._storages: set[int] = set()
+        self._storages: dict[int, tuple[weakref.ref, int]] = {}    # data_ptr -> (watcher, nbytes)
 
-    def _release(self, key: int, nbytes: int) -> None:
-        if key in self._storages:
-            self._storages.discard(key)
-            self.live -= nbytes
+    def _release(self, key: int) -> None:
+        entry = self._storages.pop(key, None)
+        if entry is not None:
+            self.live -= entry[1]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if _returns_alias(func):            # views, in-place and out= ops allocate no new storage
+            return out
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 storage = t.untyped_storage()
                 key, nbytes = storage.data_ptr(), storage.nbytes()
                 if nbytes and key not in self._storages:
-                    self._storages.add(key)
+                    # Watch the storage, not the tensor: a view or a detached alias can keep the
+                    # storage alive after the tensor that created it is gone.
+                    watcher = weakref.ref(storage, lambda _, key=key: self._release(key))
+                    self._storages[key] = (watcher, nbytes)
                     self.live += nbytes
                     self.peak = max(self.peak, self.live)
-                    weakref.finalize(t, self._release, key, nbytes)
         return out
+
+
+@functools.lru_cache(maxsize=None)
+def _returns_alias(func) -> bool:
+    """True for ops whose outputs alias an input (views, in-place and ``out=`` variants)."""
+    schema = getattr(func, "_schema", None)
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
 
 
 def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> int:
@@ -89,3 +111,214 @@ def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") ->
         result = fn()
     del result
     return int(tracker.peak)
+
+
+# ----------------------------------------------------------------------------- largest intermediate (M3.11)
+class _LargestNewTensor(TorchDispatchMode):
+    """Records the largest tensor that any op allocates (views, in-place and ``out=`` results excluded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel, self.shape, self.op = 0, (), ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not _returns_alias(func):
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.numel() > self.numel:
+                    self.numel, self.shape, self.op = t.numel(), tuple(t.shape), str(func)
+        return out
+
+
+def largest_intermediate(fn: Callable[[], object], *, detail: bool = False):
+    """Number of elements of the largest tensor allocated while ``fn()`` runs (any device).
+
+    Every op's fresh outputs count (temporaries included); views of existing tensors do not, since
+    they allocate nothing. ``detail=True`` returns ``(numel, shape, op_name)``. Use it to show that
+    tiled attention never builds an ``L x L`` tensor while the naive formula does.
+    """
+    with _LargestNewTensor() as tracker:
+        result = fn()
+    del result
+    return (tracker.numel, tracker.shape, tracker.op) if detail else tracker.numel
+
+
+# ----------------------------------------------------------------------------- cost models (M3.7–M3.9, M3.13, M3.18)
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+    return dtype.itemsize
+
+
+def attention_flops(n: int, d: int, *, projections: bool = False) -> int:
+    """FLOPs of one self-attention layer over ``n`` tokens of width ``d``: ``4 n^2 d``.
+
+    Two matmuls, ``Q K^T`` and ``P V``, each ``2 n^2 d`` (a multiply-add is 2 FLOPs, as
+    ``torch.utils.flop_counter`` counts; the softmax is not counted). ``projections=True`` adds the
+    four ``d x d`` projections, ``8 n d^2``.
+    """
+    n, d = _positive("n", n), _positive("d", d)
+    return 4 * n * n * d + (8 * n * d * d if projections else 0)
+
+
+def rnn_flops(n: int, d: int) -> int:
+    """FLOPs of a recurrent layer ``h_t = tanh(x_t W_x + h_{t-1} W_h)`` over ``n`` steps: ``4 n d^2``."""
+    n, d = _positive("n", n), _positive("d", d)
+    return 4 * n * d * d
+
+
+def conv_flops(n: int, d: int, kernel: int = 3) -> int:
+    """FLOPs of a 1-D convolution, ``d`` to ``d`` channels, width ``kernel``, over ``n`` positions: ``2 k n d^2``."""
+    n, d, kernel = _positive("n", n), _positive("d", d), _positive("kernel", kernel)
+    return 2 * kernel * n * d * d
+
+
+def path_length(kind: str, distance: int, kernel: int = 3) -> int:
+    """Layers a signal needs to travel ``distance`` positions: attention 1, RNN ``distance``,
+    contiguous convolution ``ceil(distance / (kernel - 1))`` (each layer widens the reach by ``kernel - 1``)."""
+    if isinstance(distance, bool) or not isinstance(distance, numbers.Integral) or distance < 0:
+        raise ValueError(f"distance must be a non-negative int, got {distance!r}")
+    if distance == 0:
+        return 0
+    if kind == "attention":
+        return 1
+    if kind == "rnn":
+        return int(distance)
+    if kind == "conv":
+        kernel = _positive("kernel", kernel)
+        if kernel < 2:
+            raise ValueError(f"kernel must be >= 2 for a convolution to reach other positions, got {kernel}")
+        return -(-int(distance) // (kernel - 1))
+    raise ValueError(f"kind must be 'attention', 'rnn' or 'conv', got {kind!r}")
+
+
+def attention_io_bytes(n: int, d: int, dtype: torch.dtype = torch.float16, materialize: bool = True) -> int:
+    """Bytes one attention head moves to and from main memory (HBM), ``n`` tokens, head width ``d``.
+
+    Always: read ``Q, K, V`` and write ``O``, ``4 n d`` elements. ``materialize=True`` (the naive
+    kernel) adds writing and reading back the scores ``S`` and the probabilities ``P``, ``4 n^2``
+    elements. ``materialize=False`` is the fused (FlashAttention) lower bound, tiles kept on chip.
+    """
+    n, d = _positive("n", n), _positive("d", d)
+    elements = 4 * n * d + (4 * n * n if materialize else 0)
+    return elements * _itemsize(dtype)
+
+
+class Roofline(NamedTuple):
+    intensity: float     # FLOPs per byte moved
+    attainable: float    # FLOP/s: min(peak_flops, intensity * bandwidth)
+    bound: str           # "memory" or "compute"
+
+
+def roofline(flops: float, bytes_moved: float, peak_flops: float, bandwidth: float) -> Roofline:
+    """The roofline model: a kernel doing ``flops`` while moving ``bytes_moved`` reaches at most
+    ``min(peak_flops, (flops / bytes_moved) * bandwidth)`` FLOP/s (``bandwidth`` in bytes/s)."""
+    for name, value in (("flops", flops), ("bytes_moved", bytes_moved), ("peak_flops", peak_flops),
+                        ("bandwidth", bandwidth)):
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    intensity = flops / bytes_moved
+    memory_roof = intensity * bandwidth
+    return Roofline(intensity, min(peak_flops, memory_roof), "memory" if memory_roof < peak_flops else "compute")
+
+
+def kv_cache_bytes(n_layers: int, n_kv_heads: int, d_head: int, seq_len: int, batch: int = 1,
+                   dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of a KV cache: ``2 (K and V) * n_layers * n_kv_heads * d_head * seq_len * batch * itemsize``.
+
+    Equals the ``nbytes`` of the `attention.KVCache` buffers of every layer (``TransformerLM.make_cache``).
+    """
+    sizes = [_positive(name, v) for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
+                                                 ("d_head", d_head), ("seq_len", seq_len), ("batch", batch))]
+    return 2 * math.prod(sizes) * _itemsize(dtype)
+
+
+def _lengths(lengths) -> list[int]:
+    values = [int(x) for x in lengths]
+    if not values or any(x < 0 for x in values) or any(int(x) != x for x in lengths):
+        raise ValueError(f"lengths must be a non-empty sequence of non-negative ints, got {lengths!r}")
+    return values
+
+
+def paged_waste(lengths, block: int) -> int:
+    """Cache slots reserved but unused with paged allocation in blocks of ``block`` tokens:
+    ``sum_r (ceil(l_r / block) * block - l_r)`` (only each request's last block is partly empty)."""
+    block = _positive("block", block)
+    return sum(-(-n // block) * block - n for n in _lengths(lengths))
+
+
+def contiguous_waste(lengths, max_len: int) -> int:
+    """Cache slots reserved but unused when every request reserves ``max_len`` contiguous slots:
+    ``sum_r (max_len - l_r)``."""
+    max_len = _positive("max_len", max_len)
+    values = _lengths(lengths)
+    if max(values) > max_len:
+        raise ValueError(f"every length must be <= max_len={max_len}, got {values}")
+    return sum(max_len - n for n in values)
+
+
+def adaptive_softmax_cost(cutoffs, zipf_s: float, vocab_size: int, *, div_value: float = 1.0) -> float:
+    """Expected cost of an adaptive softmax relative to a full one (Grave et al. 2017), Zipf token frequencies.
+
+    Word ``r`` (1-based rank) has probability proportional to ``r^-zipf_s``. The head scores the
+    ``cutoffs[0]`` most frequent words plus one entry per tail cluster, always; tail cluster ``i``
+    (words ``cutoffs[i] .. cutoffs[i+1]-1``) is scored only when the target falls in it, with width
+    divided by ``div_value^(i+1)``. Cost in d-dimensional dot products, divided by ``vocab_size``.
+    """
+    vocab_size = _positive("vocab_size", vocab_size)
+    cuts = [int(c) for c in cutoffs]
+    if not cuts or cuts != sorted(set(cuts)) or cuts[0] <= 0 or cuts[-1] >= vocab_size:
+        raise ValueError(f"cutoffs must be increasing ints in (0, {vocab_size}), got {list(cutoffs)!r}")
+    if not div_value >= 1:
+        raise ValueError(f"div_value must be >= 1, got {div_value}")
+    weights = torch.arange(1, vocab_size + 1, dtype=torch.float64) ** -float(zipf_s)
+    probs = weights / weights.sum()
+    bounds = cuts + [vocab_size]
+    cost = cuts[0] + len(cuts)
+    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        cost += float(probs[lo:hi].sum()) * (hi - lo) / div_value ** (i + 1)
+    return cost / vocab_size
+
+
+# ----------------------------------------------------------------------------- tensor parallelism (M3.14)
+def simulate_tensor_parallel(mha, x: torch.Tensor, world_size: int, *, causal: bool = False):
+    """Run a `MultiHeadAttention` as ``world_size`` tensor-parallel ranks on one device.
+
+    Rank ``r`` holds a column slice of ``W^Q, W^K, W^V`` (its own query and key/value heads) and
+    the matching row slice of ``W^O``; it returns a partial output ``(B, L, d_model)`` and the
+    all-reduce is their sum (plus the output bias, added once). Returns ``(out, partials)``;
+    ``out`` equals ``mha(x, causal=causal)``. Needs ``n_heads`` and ``n_kv_heads`` divisible by ``world_size``.
+    """
+    world_size = _positive("world_size", world_size)
+    if mha.n_heads % world_size or mha.n_kv_heads % world_size:
+        raise ValueError(f"n_heads={mha.n_heads} and n_kv_heads={mha.n_kv_heads} must be divisible by "
+                         f"world_size={world_size}")
+    if x.dim() != 3 or x.shape[-1] != mha.d_model:
+        raise ValueError(f"x must be (B, L, {mha.d_model}), got {tuple(x.shape)}")
+    hq, hkv, dh = mha.n_heads // world_size, mha.n_kv_heads // world_size, mha.d_head
+    b, length, _ = x.shape
+
+    def local_heads(proj, n_local, r, rotate):          # rank r's column shard, as (B, n_local, L, d_head)
+        cols = slice(r * n_local * dh, (r + 1) * n_local * dh)
+        y = F.linear(x, proj.weight[cols], None if proj.bias is None else proj.bias[cols])
+        y = y.view(b, length, n_local, dh).transpose(1, 2)
+        return mha._rope(y, 0) if rotate else y
+
+    partials = []
+    for r in range(world_size):
+        q = local_heads(mha.q_proj, hq, r, rotate=True)
+        k = local_heads(mha.k_proj, hkv, r, rotate=True)
+        v = local_heads(mha.v_proj, hkv, r, rotate=False)
+        k, v = repeat_kv(k, hq // hkv), repeat_kv(v, hq // hkv)
+        o = scaled_dot_product_attention(q, k, v, causal=causal).transpose(1, 2).reshape(b, length, hq * dh)
+        partials.append(F.linear(o, mha.out_proj.weight[:, r * hq * dh:(r + 1) * hq * dh]))
+    out = torch.stack(partials).sum(dim=0)
+    if mha.out_proj.bias is not None:
+        out = out + mha.out_proj.bias
+    return out, partials

@@ -18,6 +18,7 @@ __all__ = [
     "jacobian",
     "copy_from_torch_mha",
     "copy_from_torch_layer",
+    "mc_variance",
 ]
 
 # (atol, rtol) per dtype. fp64: round-off of O(1e-16) grows with reductions of length ~1e3;
@@ -151,3 +152,20 @@ def copy_from_torch_layer(ours, theirs) -> None:
     for name in ("norm1", "norm2", "norm3"):
         if hasattr(theirs, name):
             getattr(ours, name).load_state_dict(getattr(theirs, name).state_dict())
+
+
+# ----------------------------------------------------------------------------- Monte-Carlo helpers (M3.1)
+def mc_variance(d_k: int, n_samples: int = 20000, *, mean: float = 0.0, std: float = 1.0, scale: float = 1.0,
+                generator: torch.Generator | None = None) -> float:
+    """Empirical variance of ``scale * (q . k)`` for ``q, k`` with i.i.d. ``N(mean, std^2)`` components.
+
+    The exact value is ``scale^2 * d_k * (std^4 + 2 std^2 mean^2)``: ``d_k`` for standard normals,
+    1 after scaling by ``1/sqrt(d_k)``. Sampled in fp64 from ``generator`` (CPU).
+    """
+    if isinstance(d_k, bool) or not isinstance(d_k, int) or d_k <= 0:
+        raise ValueError(f"d_k must be a positive int, got {d_k!r}")
+    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 2:
+        raise ValueError(f"n_samples must be an int >= 2, got {n_samples!r}")
+    q = mean + std * torch.randn(n_samples, d_k, dtype=torch.float64, generator=generator)
+    k = mean + std * torch.randn(n_samples, d_k, dtype=torch.float64, generator=generator)
+    return float((scale * (q * k).sum(dim=-1)).var())
