@@ -1,19 +1,108 @@
-"""Positional encodings: sinusoidal tables and rotary position embeddings (RoPE).
+"""Positional encodings: absolute (sinusoidal, learned), relative (Shaw, Transformer-XL, T5),
+rotary (RoPE), linear biases (ALiBi), distance-aware reweighting (DA-Transformer), and a small
+length-extrapolation experiment.
 
-Conventions: ``PE[p, 2i] = sin(p * theta_i)``, ``PE[p, 2i+1] = cos(p * theta_i)`` with
-``theta_i = base^(-2i/d)``. RoPE rotates queries and keys (never values); the default layout
-pairs dims ``(i, i + d/2)`` ("rotate_half"), ``interleaved=True`` pairs ``(2i, 2i+1)``.
+Conventions (book-wide, see ``shared/API.md``):
+
+* ``theta_i = base^(-2i/d)`` is the frequency of pair ``i``; ``p * theta_i`` is its angle at position ``p``.
+* Sinusoid tables are interleaved: ``PE[p, 2i] = sin(p * theta_i)``, ``PE[p, 2i+1] = cos(p * theta_i)``.
+* RoPE rotates queries and keys (never values). The default layout pairs dims ``(i, i + d/2)``
+  ("rotate_half"); ``interleaved=True`` pairs ``(2i, 2i+1)``. ``R(a) = [[cos a, -sin a], [sin a, cos a]]``.
+* Relative position is ``key_pos - query_pos`` (T5, Shaw) and distances are ``|i' - j|``.
+* When ``q_len != k_len`` the queries are the *last* ``q_len`` positions (bottom-right aligned):
+  query row ``i`` sits at absolute position ``i' = i + k_len - q_len``.
+* Additive biases are ``(n_heads, q_len, k_len)`` and broadcast against scores ``(B, H, Lq, Lk)``.
 """
 from __future__ import annotations
 
+import math
+from typing import Sequence
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from .attention import KVCache, causal_mask, repeat_kv, scaled_dot_product_attention
 from .utils import check_positive_int, check_tensor
 
-__all__ = ["sinusoidal_encoding", "rope_frequencies", "apply_rope", "RotaryEmbedding"]
+__all__ = [
+    # absolute
+    "sinusoidal_encoding", "sinusoidal_wavelengths", "sinusoidal_shift_matrix", "LearnedPositionalEmbedding",
+    "absolute_pe_logit_terms",
+    # rotary
+    "rope_frequencies", "apply_rope", "RotaryEmbedding", "rope_matrix", "rope_permutation", "to_half_split",
+    "to_interleaved", "rope_turns",
+    # relative
+    "relative_positions", "shaw_relative_positions", "shaw_relative_attention", "shaw_relative_attention_reference",
+    "ShawRelativeAttention", "rel_shift", "rel_shift_reference", "xl_relative_scores",
+    "xl_relative_scores_reference", "XLRelativeAttention", "t5_relative_position_bucket", "T5RelativeBias",
+    # biases and reweighting
+    "alibi_slopes", "alibi_bias", "AlibiBias", "da_weight", "da_attention", "da_attention_reference",
+    # the extrapolation experiment
+    "LaggedTopicLanguage", "length_extrapolation",
+]
 
 
+# ============================================================================= shared helpers
+def _check_lengths(q_len: int, k_len: int | None) -> tuple[int, int]:
+    """Validate ``q_len <= k_len`` (queries are the last ``q_len`` positions) and return both."""
+    q_len = check_positive_int("q_len", q_len)
+    k_len = q_len if k_len is None else check_positive_int("k_len", k_len)
+    if k_len < q_len:
+        raise ValueError(f"k_len must be >= q_len (queries are the last q_len of the k_len positions), "
+                         f"got q_len={q_len}, k_len={k_len}")
+    return q_len, k_len
+
+
+def relative_positions(q_len: int, k_len: int | None = None, *,
+                       device: torch.device | str | None = None) -> torch.Tensor:
+    """Integer matrix ``(q_len, k_len)`` of ``j - i'`` (key minus query position), bottom-right aligned."""
+    q_len, k_len = _check_lengths(q_len, k_len)
+    i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+    j = torch.arange(k_len, device=device)[None, :]
+    return j - i
+
+
+def _check_positions(positions: torch.Tensor, length: int) -> None:
+    check_tensor("positions", positions, rank=1)
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+    if positions.numel() != length:
+        raise ValueError(f"positions must have length L={length} (dim -2 of x), got {positions.numel()}")
+    if positions.numel() and int(positions.min()) < 0:
+        raise ValueError(f"positions must be non-negative, got min {int(positions.min())}")
+
+
+def _masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Row softmax of ``scores`` where ``mask`` (True = may attend) allows; rows with no key give zeros."""
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    row_has_key = mask.any(dim=-1, keepdim=True)
+    scores = scores.masked_fill(~mask, float("-inf")).masked_fill(~row_has_key, 0.0)
+    return torch.softmax(scores, dim=-1) * row_has_key
+
+
+def _attention_mask(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor | None:
+    """Combine a boolean ``mask`` and a bottom-right causal mask for scores ``(..., Lq, Lk)``."""
+    if mask is not None:
+        check_tensor("mask", mask)
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
+    if causal:
+        cm = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+        mask = cm if mask is None else mask & cm
+    return mask
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, min_rank=2, floating=True)
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or q.shape[:-2] != k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"q (..., Lq, d), k (..., Lk, d), v (..., Lk, d_v) disagree: q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+
+
+# ============================================================================= absolute positions (M4.1–M4.5)
 def sinusoidal_encoding(length: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
     """Sinusoidal table ``(length, d_model)``: ``PE[p, 2i] = sin(p / base^(2i/d))``, ``PE[p, 2i+1] = cos(...)``."""
     length = check_positive_int("length", length)
@@ -29,6 +118,75 @@ def sinusoidal_encoding(length: int, d_model: int, base: float = 10000.0) -> tor
     return pe.float()
 
 
+def sinusoidal_wavelengths(d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """Wavelength of each sin/cos pair, ``2*pi / theta_i = 2*pi * base^(2i/d)``: ``(d_model/2,)`` fp64.
+
+    They grow geometrically from ``2*pi`` to ``2*pi * base^((d-2)/d)`` (60,611 at d=512).
+    """
+    d_model = check_positive_int("d_model", d_model)
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    return 2 * math.pi / rope_frequencies(d_model, base, dtype=torch.float64)
+
+
+def sinusoidal_shift_matrix(delta: float, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """The fixed ``(d_model, d_model)`` fp64 matrix ``M`` with ``PE(p + delta) = M @ PE(p)`` for every ``p``.
+
+    Block ``i`` acts on ``(sin a, cos a)`` with ``a = p * theta_i`` and ``b = delta * theta_i``:
+    ``[[cos b, sin b], [-sin b, cos b]]`` (angle addition). For row tables use ``pe @ M.T``.
+    """
+    d_model = check_positive_int("d_model", d_model)
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    b = float(delta) * rope_frequencies(d_model, base, dtype=torch.float64)
+    c, s = torch.cos(b), torch.sin(b)
+    blocks = torch.stack((torch.stack((c, s), -1), torch.stack((-s, c), -1)), -2)      # (d/2, 2, 2)
+    return torch.block_diag(*blocks)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """A trainable table ``(max_len, d_model)`` of absolute position vectors (Gehring et al. 2017).
+
+    ``forward(positions)`` takes an int length ``L`` (positions ``0..L-1``) or a 1-D integer tensor
+    and returns ``(L, d_model)``. There are no rows beyond ``max_len``: asking for one raises.
+    """
+
+    def __init__(self, max_len: int, d_model: int, *, init_std: float = 0.02):
+        super().__init__()
+        self.max_len = check_positive_int("max_len", max_len)
+        check_positive_int("d_model", d_model)
+        self.weight = nn.Parameter(torch.randn(max_len, d_model) * init_std)
+
+    def forward(self, positions: int | torch.Tensor) -> torch.Tensor:
+        if isinstance(positions, torch.Tensor):
+            _check_positions(positions, positions.numel())
+        else:
+            positions = torch.arange(check_positive_int("positions", positions), device=self.weight.device)
+        if positions.numel() and int(positions.max()) >= self.max_len:
+            raise ValueError(f"position {int(positions.max())} is beyond max_len={self.max_len}: a learned table "
+                             f"has no row for it")
+        return self.weight[positions]
+
+
+def absolute_pe_logit_terms(x: torch.Tensor, p: torch.Tensor, W_q: torch.Tensor,
+                            W_k: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The four ``(L, L)`` terms of ``((x + p) W_q)((x + p) W_k)^T`` for inputs ``x, p (L, d)``, ``W (d, d_k)``.
+
+    Keys: ``"content-content"`` ``x W_q W_k^T x^T``, ``"content-position"`` ``x W_q W_k^T p^T``,
+    ``"position-content"`` ``p W_q W_k^T x^T``, ``"position-position"`` ``p W_q W_k^T p^T``. Their sum
+    is the full (unscaled) logit matrix.
+    """
+    for name, t in (("x", x), ("p", p), ("W_q", W_q), ("W_k", W_k)):
+        check_tensor(name, t, rank=2, floating=True)
+    if x.shape != p.shape or W_q.shape != W_k.shape or W_q.shape[0] != x.shape[1]:
+        raise ValueError(f"need x, p (L, d) and W_q, W_k (d, d_k); got x {tuple(x.shape)}, p {tuple(p.shape)}, "
+                         f"W_q {tuple(W_q.shape)}, W_k {tuple(W_k.shape)}")
+    xq, xk, pq, pk = x @ W_q, x @ W_k, p @ W_q, p @ W_k
+    return {"content-content": xq @ xk.T, "content-position": xq @ pk.T,
+            "position-content": pq @ xk.T, "position-position": pq @ pk.T}
+
+
+# ============================================================================= RoPE (M4.9, M4.10)
 def rope_frequencies(d: int, base: float = 10000.0, *, dtype: torch.dtype = torch.float32,
                      device: torch.device | str | None = None) -> torch.Tensor:
     """The ``d/2`` frequencies ``theta_i = base^(-2i/d)``, ``i = 0 .. d/2 - 1``."""
@@ -50,38 +208,62 @@ def _cos_sin(n_positions: int, d: int, base: float, device: torch.device) -> tup
     return cached
 
 
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """``(x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)`` per pair, written straight into one output buffer."""
+    d = x.shape[-1]
+    out = torch.empty_like(x)
+    if interleaved:
+        x1, x2, o1, o2 = x[..., 0::2], x[..., 1::2], out[..., 0::2], out[..., 1::2]
+    else:
+        x1, x2, o1, o2 = x[..., : d // 2], x[..., d // 2:], out[..., : d // 2], out[..., d // 2:]
+    torch.mul(x1, cos, out=o1)
+    o1.addcmul_(x2, sin, value=-1.0)
+    torch.mul(x1, sin, out=o2)
+    o2.addcmul_(x2, cos)
+    return out
+
+
+class _RopeFunction(torch.autograd.Function):
+    """RoPE as a rotation with its exact backward: the transpose of ``R(a)`` is ``R(-a)``."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, interleaved):
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return _rotate(x, cos, sin, interleaved)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _RopeFunction.apply(grad, cos, -sin, ctx.interleaved), None, None, None
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, *, base: float = 10000.0,
                interleaved: bool = False) -> torch.Tensor:
     """Rotate ``x (..., L, d)`` by RoPE at ``positions`` (1-D integer tensor of length L, default ``arange(L)``).
 
     Pair ``i`` is rotated by the angle ``positions * base^(-2i/d)``; the pairs are ``(i, i + d/2)``
-    (default) or ``(2i, 2i+1)`` (``interleaved=True``). Angles are computed in fp32; the result
-    has the dtype of ``x``.
+    (default) or ``(2i, 2i+1)`` (``interleaved=True``). Angles come from cached fp32 tables; the
+    rotation runs in fp64 for fp64 ``x`` and in fp32 otherwise, and the result has the dtype of ``x``.
+    Apply it to queries and keys, never to values.
     """
     check_tensor("x", x, min_rank=2, floating=True)
     length, d = x.shape[-2], x.shape[-1]
     if d % 2:
         raise ValueError(f"apply_rope needs an even feature size d, got x of shape {tuple(x.shape)}")
+    if base <= 0:
+        raise ValueError(f"base must be positive, got {base}")
     if positions is None:
-        positions = torch.arange(length, device=x.device)
-    check_tensor("positions", positions, rank=1)
-    if positions.is_floating_point() or positions.dtype == torch.bool:
-        raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
-    if positions.numel() != length:
-        raise ValueError(f"positions must have length L={length} (dim -2 of x), got {positions.numel()}")
-    if positions.numel() and int(positions.min()) < 0:
-        raise ValueError("positions must be non-negative")
-    n_needed = int(positions.max()) + 1 if positions.numel() else 1
-    cos, sin = _cos_sin(n_needed, d, base, x.device)
-    cos, sin = cos[positions], sin[positions]                                    # (L, d/2)
-    xf = x.float()
-    if interleaved:
-        x1, x2 = xf[..., 0::2], xf[..., 1::2]
-        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+        cos, sin = _cos_sin(max(length, 1), d, base, x.device)
+        cos, sin = cos[:length], sin[:length]                                    # views, no copy
     else:
-        x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
-        out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.to(x.dtype)
+        _check_positions(positions, length)
+        n_needed = int(positions.max()) + 1 if positions.numel() else 1
+        cos, sin = _cos_sin(n_needed, d, base, x.device)
+        positions = positions.to(x.device)
+        cos, sin = cos[positions], sin[positions]                                # (L, d/2)
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return _RopeFunction.apply(x.to(compute), cos.to(compute), sin.to(compute), bool(interleaved)).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -93,3 +275,583 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return apply_rope(x, positions, base=self.base, interleaved=self.interleaved)
+
+
+def rope_matrix(position: float, d: int, base: float = 10000.0, *, interleaved: bool = True) -> torch.Tensor:
+    """The explicit ``(d, d)`` fp64 RoPE rotation ``R_p`` (column form: ``R_p @ x``; row form: ``x @ R_p.T``).
+
+    Interleaved: block-diagonal ``diag(R(p theta_0), ..., R(p theta_{d/2-1}))`` with
+    ``R(a) = [[cos a, -sin a], [sin a, cos a]]``. Half-split: the same matrix with rows and columns
+    permuted by `rope_permutation`. ``R_m^T R_n = R_{n-m}``.
+    """
+    d = check_positive_int("d", d)
+    if d % 2:
+        raise ValueError(f"rope_matrix needs an even d, got {d}")
+    a = float(position) * rope_frequencies(d, base, dtype=torch.float64)
+    c, s = torch.cos(a), torch.sin(a)
+    blocks = torch.stack((torch.stack((c, -s), -1), torch.stack((s, c), -1)), -2)     # (d/2, 2, 2)
+    R = torch.block_diag(*blocks)
+    if interleaved:
+        return R
+    perm = rope_permutation(d)
+    return R[perm][:, perm]
+
+
+def rope_permutation(d: int) -> torch.Tensor:
+    """Index ``perm (d,)`` with ``x_half = x_interleaved[..., perm]``: ``[0, 2, ..., d-2, 1, 3, ..., d-1]``.
+
+    Pair ``(2i, 2i+1)`` of the interleaved layout becomes pair ``(i, i + d/2)`` of the half-split one.
+    """
+    d = check_positive_int("d", d)
+    if d % 2:
+        raise ValueError(f"rope_permutation needs an even d, got {d}")
+    return torch.cat((torch.arange(0, d, 2), torch.arange(1, d, 2)))
+
+
+def to_half_split(x: torch.Tensor) -> torch.Tensor:
+    """Reorder the last dim from the interleaved pairing to the half-split one (see `rope_permutation`)."""
+    check_tensor("x", x, min_rank=1)
+    return x[..., rope_permutation(x.shape[-1]).to(x.device)]
+
+
+def to_interleaved(x: torch.Tensor) -> torch.Tensor:
+    """Inverse of `to_half_split`: reorder the last dim from the half-split pairing to the interleaved one."""
+    check_tensor("x", x, min_rank=1)
+    return x[..., torch.argsort(rope_permutation(x.shape[-1])).to(x.device)]
+
+
+def rope_turns(train_len: int, d: int, base: float = 10000.0) -> torch.Tensor:
+    """Turns ``train_len * theta_i / (2 pi)`` each RoPE pair completes over a training window: ``(d/2,)`` fp64.
+
+    Pairs with fewer than one turn never see their full circle in training (23 of 64 at L=2048, d=128).
+    """
+    check_positive_int("train_len", train_len)
+    d = check_positive_int("d", d)
+    if d % 2:
+        raise ValueError(f"rope_turns needs an even d, got {d}")
+    return train_len * rope_frequencies(d, base, dtype=torch.float64) / (2 * math.pi)
+
+
+# ============================================================================= Shaw et al. (M4.6)
+def shaw_relative_positions(q_len: int, k_len: int | None = None, max_distance: int = 16, *,
+                            device: torch.device | str | None = None) -> torch.Tensor:
+    """Table index ``clip(j - i', -K, K) + K`` ``(q_len, k_len)`` into Shaw's ``2K + 1`` relative embeddings."""
+    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 0:
+        raise ValueError(f"max_distance must be a non-negative int, got {max_distance!r}")
+    return relative_positions(q_len, k_len, device=device).clamp(-max_distance, max_distance) + max_distance
+
+
+def _check_shaw_tables(q, v, rel_k, rel_v, max_distance):
+    n = 2 * max_distance + 1
+    check_tensor("rel_k", rel_k, rank=2, floating=True)
+    if rel_k.shape != (n, q.shape[-1]):
+        raise ValueError(f"rel_k must be (2*max_distance+1, d_k) = {(n, q.shape[-1])}, got {tuple(rel_k.shape)}")
+    if rel_v is not None:
+        check_tensor("rel_v", rel_v, rank=2, floating=True)
+        if rel_v.shape != (n, v.shape[-1]):
+            raise ValueError(f"rel_v must be (2*max_distance+1, d_v) = {(n, v.shape[-1])}, got {tuple(rel_v.shape)}")
+
+
+def shaw_relative_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_k: torch.Tensor,
+                            rel_v: torch.Tensor | None, max_distance: int, *, mask: torch.Tensor | None = None,
+                            bias: torch.Tensor | None = None, causal: bool = False, scale: float | None = None,
+                            return_weights: bool = False):
+    """Shaw et al. relative attention: learned vectors are *added* to each key and value.
+
+    ``e_ij = q_i (k_j + a^K_ij)^T * scale``, ``o_i = sum_j softmax(e)_ij (v_j + a^V_ij)`` with
+    ``a_ij = rel[clip(j - i', -K, K) + K]``. ``q (..., Lq, d)``, ``k (..., Lk, d)``, ``v (..., Lk, d_v)``,
+    ``rel_k (2K+1, d)``, ``rel_v (2K+1, d_v)`` or None (keys only). Never builds the ``Lq x Lk x d``
+    tensor: ``q rel_k^T`` is gathered by index, and the value term scatters the weights into ``2K+1``
+    buckets. Returns ``out (..., Lq, d_v)`` (and the weights with ``return_weights=True``).
+    """
+    _check_qkv(q, k, v)
+    _check_shaw_tables(q, v, rel_k, rel_v, max_distance)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    lq, lk = q.shape[-2], k.shape[-2]
+    idx = shaw_relative_positions(lq, lk, max_distance, device=q.device)               # (Lq, Lk)
+    idx = idx.expand(*q.shape[:-2], lq, lk)
+    rel_scores = torch.gather(q @ rel_k.to(q.dtype).T, -1, idx) * scale                  # (..., Lq, Lk)
+    if bias is not None:
+        rel_scores = rel_scores + bias
+    out, weights = scaled_dot_product_attention(q, k, v, mask, bias=rel_scores, causal=causal, scale=scale,
+                                                return_weights=True)
+    if rel_v is not None:
+        buckets = weights.new_zeros(*weights.shape[:-1], rel_k.shape[0]).scatter_add_(-1, idx, weights)
+        out = out + buckets @ rel_v.to(out.dtype)
+    return (out, weights) if return_weights else out
+
+
+def shaw_relative_attention_reference(q, k, v, rel_k, rel_v, max_distance, *, mask=None, causal=False, scale=None):
+    """The paper's formula with the ``(Lq, Lk, d)`` tensors ``a^K, a^V`` built explicitly. Returns ``(out, weights)``."""
+    _check_qkv(q, k, v)
+    _check_shaw_tables(q, v, rel_k, rel_v, max_distance)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    idx = shaw_relative_positions(q.shape[-2], k.shape[-2], max_distance, device=q.device)
+    a_k = rel_k[idx]                                                                     # (Lq, Lk, d)
+    keys = k.unsqueeze(-3) + a_k                                                         # (..., Lq, Lk, d)
+    scores = (q.unsqueeze(-2) * keys).sum(-1) * scale
+    weights = _masked_softmax(scores, _attention_mask(q, k, mask, causal))
+    values = v.unsqueeze(-3) + (rel_v[idx] if rel_v is not None else 0.0)               # (..., Lq, Lk, d_v)
+    return (weights.unsqueeze(-1) * values).sum(-2), weights
+
+
+class _RelativeAttentionBase(nn.Module):
+    """Projections, head split, GQA and KV cache shared by the Shaw and Transformer-XL attention modules.
+
+    ``n_kv_heads`` key/value heads are shared by groups of query heads, as in
+    `attention.MultiHeadAttention`; with a `attention.KVCache` the new keys and values are appended at
+    ``cache.length`` and the queries are the last positions (bottom-right aligned).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None):
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("n_heads", n_heads)
+        n_kv_heads = n_heads if n_kv_heads is None else check_positive_int("n_kv_heads", n_kv_heads)
+        if d_model % n_heads or n_heads % n_kv_heads:
+            raise ValueError(f"need d_model % n_heads == 0 and n_heads % n_kv_heads == 0, got d_model={d_model}, "
+                             f"n_heads={n_heads}, n_kv_heads={n_kv_heads}")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.d_head = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=False)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def _split(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, n, self.d_head).transpose(1, 2)
+
+    def _merge(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, length, _ = x.shape
+        return self.out_proj(x.transpose(1, 2).reshape(b, length, self.d_model))
+
+    def _qkv(self, x: torch.Tensor, cache: KVCache | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``(B, H, L, d_head)`` and all keys/values so far, repeated to ``H`` heads."""
+        check_tensor("x", x, rank=3, floating=True)
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have d_model={self.d_model} features, got shape {tuple(x.shape)}")
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+        q = self._split(self.q_proj(x), self.n_heads)
+        k, v = self._split(self.k_proj(x), self.n_kv_heads), self._split(self.v_proj(x), self.n_kv_heads)
+        if cache is not None:
+            k, v = cache.update(k, v, cache.length)
+        n_rep = self.n_heads // self.n_kv_heads
+        return q, repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+
+    def make_cache(self, max_batch: int, max_len: int, *, dtype: torch.dtype | None = None) -> KVCache:
+        """An empty `attention.KVCache` sized for this layer."""
+        weight = self.k_proj.weight
+        return KVCache(max_batch, max_len, self.n_kv_heads, self.d_head, dtype=dtype or weight.dtype,
+                       device=weight.device)
+
+
+class ShawRelativeAttention(_RelativeAttentionBase):
+    """Multi-head self-attention with Shaw et al.'s clipped relative keys and values, shared by all heads.
+
+    ``forward(x (B, L, d_model), mask=None, causal=False, cache=None, bias=None) -> (B, L, d_model)``.
+    Tables ``rel_k, rel_v`` are ``(2 * max_distance + 1, d_head)``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, max_distance: int = 16, n_kv_heads: int | None = None):
+        super().__init__(d_model, n_heads, n_kv_heads)
+        self.max_distance = check_positive_int("max_distance", max_distance)
+        self.rel_k = nn.Parameter(torch.randn(2 * max_distance + 1, self.d_head) * 0.02)
+        self.rel_v = nn.Parameter(torch.randn(2 * max_distance + 1, self.d_head) * 0.02)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
+                cache: KVCache | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = self._qkv(x, cache)
+        out = shaw_relative_attention(q, k, v, self.rel_k, self.rel_v, self.max_distance, mask=mask, bias=bias,
+                                      causal=causal)
+        return self._merge(out)
+
+
+# ============================================================================= Transformer-XL (M4.7)
+def rel_shift(x: torch.Tensor) -> torch.Tensor:
+    """Transformer-XL's relative shift: ``(..., Lq, Lk)`` with column ``c`` for distance ``Lk - 1 - c``
+    → ``y[..., i, j] = x[..., i, j + Lq - 1 - i]``, the score for distance ``i' - j``.
+
+    Pad one zero column on the left, reinterpret the memory as ``(Lk + 1, Lq)``, drop the first row,
+    reinterpret back. Exact on the causal region ``j <= i' = i + Lk - Lq``; the entries above it
+    are leftovers and must be masked. Needs ``Lk >= Lq``.
+    """
+    check_tensor("x", x, min_rank=2)
+    lq, lk = x.shape[-2], x.shape[-1]
+    if lk < lq:
+        raise ValueError(f"rel_shift needs Lk >= Lq, got x of shape {tuple(x.shape)}")
+    padded = torch.cat((x.new_zeros(*x.shape[:-1], 1), x), dim=-1)                     # (..., Lq, Lk + 1)
+    padded = padded.reshape(*x.shape[:-2], lk + 1, lq)
+    return padded[..., 1:, :].reshape(x.shape)
+
+
+def rel_shift_reference(x: torch.Tensor) -> torch.Tensor:
+    """The naive gather ``y[..., i, j] = x[..., i, j + Lq - 1 - i]`` on ``j <= i'``, zero above it."""
+    check_tensor("x", x, min_rank=2)
+    lq, lk = x.shape[-2], x.shape[-1]
+    if lk < lq:
+        raise ValueError(f"rel_shift_reference needs Lk >= Lq, got x of shape {tuple(x.shape)}")
+    y = torch.zeros_like(x)
+    for i in range(lq):
+        for j in range(i + lk - lq + 1):
+            y[..., i, j] = x[..., i, j + lq - 1 - i]
+    return y
+
+
+def _check_xl(q, k, r, u, v):
+    for name, t in (("q", q), ("k", k), ("r", r), ("u", u), ("v", v)):
+        check_tensor(name, t, min_rank=1, floating=True)
+    lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    if k.shape[-1] != d or r.shape[-1] != d or u.shape[-1] != d or v.shape[-1] != d:
+        raise ValueError(f"q, k, r, u, v must share the feature size d={d}: q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"r {tuple(r.shape)}, u {tuple(u.shape)}, v {tuple(v.shape)}")
+    if r.shape[-2] != lk or lk < lq:
+        raise ValueError(f"r must hold one row per distance 0..Lk-1 (Lk={lk}) and Lk >= Lq={lq}; got r {tuple(r.shape)}")
+
+
+def xl_relative_scores(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor, u: torch.Tensor, v: torch.Tensor, *,
+                       terms: bool = False):
+    """Transformer-XL relative scores (unscaled), computed with `rel_shift`.
+
+    ``q (..., Lq, d)`` = ``x_i W_q``; ``k (..., Lk, d)`` = ``x_j W_kE``; ``r (..., Lk, d)`` with row ``t`` =
+    ``R_t W_kR`` (the encoding of distance ``t = 0..Lk-1``); ``u, v (..., d)`` global biases whose leading
+    dims broadcast against those of ``q`` (e.g. ``(H, d)`` for one pair per head). Score ``(i, j)`` for ``j <= i'`` is
+    ``(a) q_i k_j + (b) q_i r_{i'-j} + (c) u k_j + (d) v r_{i'-j}``; entries with ``j > i'`` are zero
+    (mask them). ``terms=True`` returns the dict of the four ``(..., Lq, Lk)`` maps instead of their sum.
+    """
+    _check_xl(q, k, r, u, v)
+    valid = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+    r_desc = r.flip(-2).transpose(-2, -1)                                                 # distances Lk-1 .. 0
+    if terms:
+        parts = {"a: content": q @ k.transpose(-2, -1), "b: content-position": rel_shift(q @ r_desc),
+                 "c: global content": (u.unsqueeze(-2) @ k.transpose(-2, -1)).expand(*q.shape[:-1], k.shape[-2]),
+                 "d: global position": rel_shift((v.unsqueeze(-2) @ r_desc).expand(*q.shape[:-1], k.shape[-2]))}
+        return {name: t.masked_fill(~valid, 0.0) for name, t in parts.items()}
+    scores = (q + u.unsqueeze(-2)) @ k.transpose(-2, -1) + rel_shift((q + v.unsqueeze(-2)) @ r_desc)
+    return scores.masked_fill(~valid, 0.0)
+
+
+def xl_relative_scores_reference(q, k, r, u, v):
+    """The four terms summed pair by pair: ``(q_i + u) k_j + (q_i + v) r_{i'-j}`` for ``j <= i'``, zero above."""
+    _check_xl(q, k, r, u, v)
+    lq, lk = q.shape[-2], k.shape[-2]
+    scores = q.new_zeros(*q.shape[:-1], lk)
+    for i in range(lq):
+        i_abs = i + lk - lq
+        for j in range(i_abs + 1):
+            scores[..., i, j] = ((q[..., i, :] + u) * k[..., j, :]).sum(-1) \
+                + ((q[..., i, :] + v) * r[..., i_abs - j, :]).sum(-1)
+    return scores
+
+
+class XLRelativeAttention(_RelativeAttentionBase):
+    """Causal multi-head self-attention with Transformer-XL relative scores (Dai et al. 2019).
+
+    Content keys ``W_kE`` (``k_proj``), position keys ``W_kR`` applied to a fixed sinusoid table of
+    distances, and learned global biases ``u, v`` ``(n_heads, d_head)``. Only causal attention is
+    defined (the relative shift is exact on the causal region). ``forward(x, mask=None, causal=True,
+    cache=None, bias=None)``; with ``return_terms=True`` also the dict of the four score maps. With a
+    `attention.KVCache`, cached keys keep their content projection and the distance terms are
+    recomputed for the new queries.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None):
+        super().__init__(d_model, n_heads, n_kv_heads)
+        self.r_proj = nn.Linear(d_model, d_model, bias=False)
+        self.u = nn.Parameter(torch.zeros(n_heads, self.d_head))
+        self.v = nn.Parameter(torch.zeros(n_heads, self.d_head))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = True,
+                cache: KVCache | None = None, bias: torch.Tensor | None = None, *, return_terms: bool = False):
+        if not causal:
+            raise ValueError("XLRelativeAttention is causal only (the relative shift is exact on j <= i)")
+        q, k, v = self._qkv(x, cache)
+        k_len = k.shape[-2]
+        table = sinusoidal_encoding(k_len, self.d_model).to(x.device, x.dtype)           # distances 0..Lk-1
+        r = self.r_proj(table).view(k_len, self.n_heads, self.d_head).transpose(0, 1)      # (H, Lk, d_head)
+        scores = xl_relative_scores(q, k, r, self.u, self.v) / math.sqrt(self.d_head)
+        if bias is not None:
+            scores = scores + bias
+        weights = _masked_softmax(scores, _attention_mask(q, k, mask, True))
+        out = self._merge(weights @ v)
+        if return_terms:
+            return out, xl_relative_scores(q, k, r, self.u, self.v, terms=True)
+        return out
+
+
+# ============================================================================= T5 bias (M4.8)
+def t5_relative_position_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True,
+                                num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+    """T5's bucket id for each ``relative_position = key_pos - query_pos`` (integer tensor, any shape).
+
+    Bidirectional: half the buckets for keys after the query (``rel > 0``, ids offset by
+    ``num_buckets/2``), half for the rest. Unidirectional: keys after the query share bucket 0.
+    Within a half of ``n`` buckets, distances below ``n/2`` get their own bucket; larger ones are
+    log-spaced up to ``max_distance`` and clipped to the last bucket. Computed in fp32, like the
+    reference implementations.
+    """
+    check_tensor("relative_position", relative_position)
+    if relative_position.is_floating_point() or relative_position.dtype == torch.bool:
+        raise TypeError(f"relative_position must be an integer tensor, got dtype {relative_position.dtype}")
+    num_buckets = check_positive_int("num_buckets", num_buckets)
+    max_distance = check_positive_int("max_distance", max_distance)
+    rel = relative_position.long()
+    buckets = torch.zeros_like(rel)
+    if bidirectional:
+        if num_buckets % 2 or num_buckets < 4:
+            raise ValueError(f"bidirectional buckets need an even num_buckets >= 4, got {num_buckets}")
+        num_buckets //= 2
+        buckets = buckets + (rel > 0).long() * num_buckets
+        n = rel.abs()
+    else:
+        if num_buckets < 2:
+            raise ValueError(f"num_buckets must be >= 2, got {num_buckets}")
+        n = (-rel).clamp_min(0)
+    max_exact = num_buckets // 2
+    if max_distance <= max_exact:
+        raise ValueError(f"max_distance={max_distance} must exceed the {max_exact} exact buckets")
+    log_ratio = torch.log(n.float().clamp_min(1) / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).long()
+    large = large.clamp_max(num_buckets - 1)
+    return buckets + torch.where(n < max_exact, n, large)
+
+
+class T5RelativeBias(nn.Module):
+    """T5's learned scalar bias per (bucket, head): ``forward(q_len, k_len=None) -> (n_heads, q_len, k_len)``.
+
+    Bucket ids are built once per ``(q_len, k_len, device)`` and reused; the biases (initialised at
+    zero) are looked up on every call so they train. Use ``bidirectional=False`` in a causal decoder.
+    """
+
+    def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128, *, bidirectional: bool = True):
+        super().__init__()
+        self.n_heads = check_positive_int("n_heads", n_heads)
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+        t5_relative_position_bucket(torch.zeros(1, dtype=torch.long), bidirectional=bidirectional,
+                                    num_buckets=num_buckets, max_distance=max_distance)   # validate the settings
+        self.bias = nn.Embedding(num_buckets, n_heads)
+        nn.init.zeros_(self.bias.weight)
+        self._buckets: dict[tuple, torch.Tensor] = {}
+
+    def buckets(self, q_len: int, k_len: int | None = None) -> torch.Tensor:
+        """Cached bucket ids ``(q_len, k_len)``."""
+        q_len, k_len = _check_lengths(q_len, k_len)
+        device = self.bias.weight.device
+        key = (q_len, k_len, str(device))
+        if key not in self._buckets:
+            self._buckets[key] = t5_relative_position_bucket(
+                relative_positions(q_len, k_len, device=device), bidirectional=self.bidirectional,
+                num_buckets=self.num_buckets, max_distance=self.max_distance)
+        return self._buckets[key]
+
+    def forward(self, q_len: int, k_len: int | None = None) -> torch.Tensor:
+        return self.bias(self.buckets(q_len, k_len)).permute(2, 0, 1)
+
+
+# ============================================================================= ALiBi (M4.12, M4.13)
+def _alibi_slopes_list(n: int) -> list[float]:
+    if n & (n - 1) == 0:                                               # a power of two: 2^(-8h/n), h = 1..n
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (h + 1) for h in range(n)]
+    closest = 2 ** int(math.floor(math.log2(n)))
+    return _alibi_slopes_list(closest) + _alibi_slopes_list(2 * closest)[0::2][: n - closest]
+
+
+def alibi_slopes(n_heads: int, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> torch.Tensor:
+    """ALiBi's fixed (never learned) head slopes ``(n_heads,)`` (Press et al. 2022).
+
+    A power of two ``H``: ``m_h = 2^(-8h/H)``, ``h = 1..H`` (8 heads: 1/2, 1/4, ..., 1/256). Otherwise
+    the slopes of the closest smaller power of two ``P``, followed by every other slope of ``2P``
+    heads for the remaining ``H - P`` heads.
+    """
+    n_heads = check_positive_int("n_heads", n_heads)
+    return torch.tensor(_alibi_slopes_list(n_heads), dtype=torch.float64, device=device).to(dtype)
+
+
+def alibi_bias(n_heads: int, q_len: int, k_len: int | None = None, *, dtype: torch.dtype = torch.float32,
+               device: torch.device | str | None = None) -> torch.Tensor:
+    """ALiBi bias ``(n_heads, q_len, k_len)``: ``bias[h, i, j] = -slopes[h] * |(i + k_len - q_len) - j|``.
+
+    Symmetric and bottom-right aligned; under a causal mask it is the paper's ``-m_h (i' - j)``.
+    """
+    q_len, k_len = _check_lengths(q_len, k_len)
+    distance = relative_positions(q_len, k_len, device=device).abs().to(torch.float64)
+    slopes = alibi_slopes(n_heads, dtype=torch.float64, device=device)
+    return (-slopes[:, None, None] * distance).to(dtype)
+
+
+class AlibiBias(nn.Module):
+    """`alibi_bias` for a model: ``forward(q_len, k_len=None, *, device=None, dtype=fp32)``, built once per
+    ``(q_len, k_len, device, dtype)`` and reused (the returned tensor is shared: do not modify it in place)."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.n_heads = check_positive_int("n_heads", n_heads)
+        self._cache: dict[tuple, torch.Tensor] = {}
+
+    def forward(self, q_len: int, k_len: int | None = None, *, device: torch.device | str | None = None,
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        key = (q_len, k_len if k_len is not None else q_len, str(torch.device(device or "cpu")), dtype)
+        if key not in self._cache:
+            self._cache[key] = alibi_bias(self.n_heads, q_len, k_len, dtype=dtype, device=device)
+        return self._cache[key]
+
+
+# ============================================================================= DA-Transformer (M4.14)
+def da_weight(dist: torch.Tensor, alpha, beta) -> torch.Tensor:
+    """DA-Transformer's distance weight ``f(alpha * dist; beta) = (1 + e^beta) / (1 + e^(beta - alpha * dist))``.
+
+    ``f(0) = 1``; monotone in ``dist`` (decreasing for ``alpha < 0``: a local head); tends to 0 as
+    ``alpha * dist -> -inf`` and to ``1 + e^beta`` as ``alpha * dist -> +inf``. Evaluated stably as
+    ``exp(softplus(beta)) * sigmoid(alpha * dist - beta)``.
+    """
+    check_tensor("dist", dist, floating=True)
+    alpha = torch.as_tensor(alpha, dtype=dist.dtype, device=dist.device)
+    beta = torch.as_tensor(beta, dtype=dist.dtype, device=dist.device)
+    return torch.exp(F.softplus(beta)) * torch.sigmoid(alpha * dist - beta)
+
+
+def _per_head(name: str, value, q: torch.Tensor) -> torch.Tensor:
+    """A scalar, or a 1-D per-head tensor of length ``q.shape[-3]``, shaped to broadcast over ``(..., H, Lq, Lk)``."""
+    t = torch.as_tensor(value, dtype=q.dtype, device=q.device)
+    if t.dim() == 0:
+        return t
+    if t.dim() != 1 or q.dim() < 3 or t.shape[0] != q.shape[-3]:
+        raise ValueError(f"{name} must be a scalar or one value per head (length q.shape[-3]); got {name} of shape "
+                         f"{tuple(t.shape)} for q of shape {tuple(q.shape)}")
+    return t[:, None, None]
+
+
+def da_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha, beta, *,
+                 mask: torch.Tensor | None = None, causal: bool = False, scale: float | None = None,
+                 return_weights: bool = False):
+    """Distance-aware attention (Wu et al. 2021): ``softmax(ReLU(q k^T) ⊙ f(alpha * R; beta) * scale) v``.
+
+    ``R_ij = |i' - j|``; ``alpha, beta`` are scalars or one value per head (``q.shape[-3]``). The ReLU
+    makes the scores non-negative so that ``f`` only shrinks or grows them (a negative score times
+    ``f > 1`` would be pushed *down*). ``⊙`` is element-wise. Returns ``out`` (and the weights).
+    """
+    _check_qkv(q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    dist = relative_positions(q.shape[-2], k.shape[-2], device=q.device).abs().to(q.dtype)
+    f = da_weight(dist, _per_head("alpha", alpha, q), _per_head("beta", beta, q))
+    scores = torch.relu(q @ k.transpose(-2, -1)) * f * scale
+    weights = _masked_softmax(scores, _attention_mask(q, k, mask, causal))
+    out = weights @ v
+    return (out, weights) if return_weights else out
+
+
+def da_attention_reference(q, k, v, alpha, beta, *, mask=None, causal=False, scale=None):
+    """``da_attention`` entry by entry: a loop over ``(i, j)`` for the re-weighted scores. Returns ``(out, weights)``."""
+    _check_qkv(q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    a, b = _per_head("alpha", alpha, q), _per_head("beta", beta, q)
+    lq, lk = q.shape[-2], k.shape[-2]
+    scores = q.new_zeros(*q.shape[:-1], lk)
+    for i in range(lq):
+        for j in range(lk):
+            dist = abs(i + lk - lq - j)
+            f = (1 + torch.exp(b)) / (1 + torch.exp(b - a * dist))
+            s = torch.relu((q[..., i, :] * k[..., j, :]).sum(-1))
+            scores[..., i, j] = (s * (f.squeeze(-1).squeeze(-1) if f.dim() else f)) * scale
+    weights = _masked_softmax(scores, _attention_mask(q, k, mask, causal))
+    return weights @ v, weights
+
+
+# ============================================================================= length extrapolation (M4.15)
+class LaggedTopicLanguage:
+    """A synthetic language with short- and long-range structure, for train-short/test-long experiments.
+
+    Each sequence draws a hidden *topic*: a random set of ``topic_size`` of the ``vocab`` tokens.
+    Token ``t`` is a fixed permutation of token ``t - lag`` with probability ``p_rule`` (short range:
+    the model must find the token exactly ``lag`` steps back) and is drawn uniformly from the topic
+    otherwise (long range: the more context, the better the topic is known). The permutation is
+    fixed by ``seed``. `sample` also returns the log-probability of every token under the true
+    process given the topic: a floor no model can beat on average.
+    """
+
+    def __init__(self, vocab: int = 32, *, lag: int = 2, p_rule: float = 0.7, topic_size: int = 6, seed: int = 0):
+        self.vocab = check_positive_int("vocab", vocab)
+        self.lag = check_positive_int("lag", lag)
+        self.topic_size = check_positive_int("topic_size", topic_size)
+        if topic_size > vocab:
+            raise ValueError(f"topic_size={topic_size} exceeds vocab={vocab}")
+        if not 0.0 <= p_rule < 1.0:
+            raise ValueError(f"p_rule must be in [0, 1), got {p_rule}")
+        self.p_rule = float(p_rule)
+        self.perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
+
+    def sample(self, batch: int, length: int, *, generator: torch.Generator | None = None,
+               device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens (batch, length) long, oracle_logp (batch, length) fp64)``."""
+        check_positive_int("batch", batch)
+        check_positive_int("length", length)
+        topic = torch.rand(batch, self.vocab, generator=generator).argsort(-1)[:, : self.topic_size]
+        free = topic.gather(1, torch.randint(self.topic_size, (batch, length), generator=generator))
+        use_rule = torch.rand(batch, length, generator=generator) < self.p_rule
+        tokens = free.clone()
+        for t in range(self.lag, length):
+            tokens[:, t] = torch.where(use_rule[:, t], self.perm[tokens[:, t - self.lag]], free[:, t])
+        in_topic = torch.zeros(batch, self.vocab, dtype=torch.bool).scatter_(1, topic, True).gather(1, tokens)
+        p = in_topic.double() / self.topic_size
+        rule_hit = tokens[:, self.lag:] == self.perm[tokens[:, : -self.lag]]
+        p[:, self.lag:] = (1 - self.p_rule) * p[:, self.lag:] + self.p_rule * rule_hit.double()
+        return tokens.to(device), p.log().to(device)
+
+
+def length_extrapolation(kinds: Sequence[str] = ("none", "sinusoidal", "learned", "rope", "alibi", "t5"), *,
+                         train_len: int = 32, factors: Sequence[int] = (1, 2, 4, 8), steps: int = 300,
+                         batch: int = 32, d_model: int = 32, n_layers: int = 2, n_heads: int = 4,
+                         lr: float = 3e-3, seed: int = 0, eval_tokens: int = 16384,
+                         relative_max_distance: int | None = None, language: LaggedTopicLanguage | None = None,
+                         device: torch.device | str = "cpu", progress: bool = False) -> dict:
+    """Train one small `TransformerLM` per positional encoding at ``train_len``, evaluate at ``f * train_len``.
+
+    Every arm sees the same initial seed, the same training batches and the same evaluation data; only
+    ``positional`` differs. Relative encodings with a distance limit (T5 ``max_distance``, Shaw's
+    clip) get ``relative_max_distance`` (default ``3 * train_len // 4``): distances beyond it share
+    the last bucket, which training then sees often, as in the papers' settings. Returns a JSON-ready dict with
+    ``loss[kind][L]`` (mean next-token loss over every position of length-``L`` sequences),
+    ``oracle[L]`` (the same average of the true process's loss given the topic), ``per_position[kind]``
+    (loss at each position of the longest length), ``train_loss[kind]`` (per step) and ``config``.
+    """
+    from .train import cross_entropy, train_loop                  # local imports: transformer imports this module
+    from .transformer import TransformerLM
+
+    language = language or LaggedTopicLanguage()
+    relative_max_distance = relative_max_distance or 3 * train_len // 4
+    lengths = [train_len * f for f in factors]
+    eval_gen = torch.Generator().manual_seed(10_000 + seed)
+    eval_sets = {L: language.sample(max(1, eval_tokens // L), L + 1, generator=eval_gen, device=device)
+                 for L in lengths}
+    result = {"config": dict(kinds=list(kinds), train_len=train_len, factors=list(factors), steps=steps, batch=batch,
+                             d_model=d_model, n_layers=n_layers, n_heads=n_heads, lr=lr, seed=seed,
+                             eval_tokens=eval_tokens, relative_max_distance=relative_max_distance,
+                             vocab=language.vocab, lag=language.lag,
+                             p_rule=language.p_rule, topic_size=language.topic_size),
+              "oracle": {L: float(-eval_sets[L][1][:, 1:].mean()) for L in lengths},
+              "loss": {}, "per_position": {}, "train_loss": {}}
+    for kind in kinds:
+        torch.manual_seed(seed)
+        model = TransformerLM(language.vocab, d_model, n_layers, n_heads, positional=kind, max_len=max(lengths),
+                              relative_max_distance=relative_max_distance).to(device)
+        train_gen = torch.Generator().manual_seed(seed)
+
+        def loss_fn(m, step):
+            seq, _ = language.sample(batch, train_len + 1, generator=train_gen, device=device)
+            return cross_entropy(m(seq[:, :-1]), seq[:, 1:])
+
+        result["train_loss"][kind] = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10,
+                                                progress=progress, desc=kind)
+        result["loss"][kind], result["per_position"][kind] = {}, None
+        with torch.no_grad():
+            for L in lengths:
+                seq, _ = eval_sets[L]
+                logits = model(seq[:, :-1])
+                nll = F.cross_entropy(logits.transpose(1, 2).float(), seq[:, 1:], reduction="none")   # (n, L)
+                result["loss"][kind][L] = float(nll.mean())
+                if L == max(lengths):
+                    result["per_position"][kind] = nll.mean(0).tolist()
+    return result
