@@ -101,8 +101,13 @@ def test_plots_shape_table_and_heatmaps():
         plots.attention_heatmap(torch.rand(2, 3, 4))
 
 
-def test_interactive_figure_draws_default_then_redraws(capsys):
+def test_interactive_figure_draws_default_then_redraws(monkeypatch):
+    import ipywidgets
+    import IPython.display
     import matplotlib.pyplot as plt
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: shown.append(obj))
 
     calls = []
 
@@ -112,7 +117,9 @@ def test_interactive_figure_draws_default_then_redraws(capsys):
         ax.plot([0, scale])
         return fig
 
-    box = widgets.interactive_figure(draw, scale=(0.5, 2.0, 0.5), kind=["a", "b"])
-    assert calls == [(1.0, "a")] or calls == [(1.25, "a")]
+    assert widgets.interactive_figure(draw, scale=(0.5, 2.0, 0.5), kind=["a", "b"]) is None
+    assert calls == [(1.0, "a")]      # the slider starts mid-range, snapped to its step
+    box = shown[-1]
+    assert isinstance(box, ipywidgets.VBox)
     box.children[1].value = "b"
     assert calls[-1][1] == "b" and len(calls) == 2

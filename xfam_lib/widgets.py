@@ -18,7 +18,8 @@ def interactive_figure(draw: Callable[..., "plt.Figure"], **controls):
 
     ``controls`` map each keyword of ``draw`` to an ``ipywidgets`` widget or an ``interact``
     abbreviation (``(lo, hi, step)``, a list of options, a bool). ``draw`` must return a
-    ``matplotlib.figure.Figure``. Returns the ``ipywidgets.VBox`` of controls.
+    ``matplotlib.figure.Figure``. Returns None (the controls are already displayed, so a call as a
+    cell's last line shows them once).
     """
     import ipywidgets as widgets
     from IPython.display import DisplayHandle, display
@@ -45,4 +46,3 @@ def interactive_figure(draw: Callable[..., "plt.Figure"], **controls):
         w.observe(redraw, names="value")
     box = widgets.VBox(list(controls_by_name.values()))
     display(box)
-    return box
