@@ -9,7 +9,8 @@ import torch
 
 from .utils import check_positive_int
 
-__all__ = ["PAD", "BOS", "N_SPECIAL", "copy_task", "reverse_task", "associative_recall"]
+__all__ = ["PAD", "BOS", "N_SPECIAL", "copy_task", "reverse_task", "associative_recall", "lm_copy_task",
+           "accuracy"]
 
 PAD, BOS = 0, 1
 N_SPECIAL = 2
@@ -57,3 +58,107 @@ def associative_recall(batch: int, n_pairs: int, vocab: int, *, generator: torch
     seq = torch.stack([keys, values], dim=-1).flatten(1)
     seq = torch.cat([seq, keys[rows, which][:, None]], dim=1)
     return seq.to(device), values[rows, which].to(device)
+
+
+def lm_copy_task(batch: int, length: int, vocab: int, *, generator: torch.Generator | None = None,
+                 device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy task for a decoder-only model: the sequence ``x x`` with ``x`` of ``length`` random data tokens.
+
+    Returns ``(inputs, targets)``, both ``(batch, 2*length - 1)``: ``inputs`` is ``x x`` without its
+    last token, ``targets`` the next token at every position, with ``PAD`` (to be ignored) wherever
+    the next token is unpredictable (inside the first ``x``). Chance loss is ``ln(vocab - 2)``.
+    """
+    x = _tokens(batch, length, vocab, generator, device)
+    seq = torch.cat([x, x], dim=1)
+    targets = seq[:, 1:].clone()
+    targets[:, :length - 1] = PAD
+    return seq[:, :-1], targets
+
+
+def accuracy(pred: torch.Tensor, target: torch.Tensor, *, by: str = "token", ignore_index: int | None = None):
+    """Agreement of predicted and target ids ``(B, L)``.
+
+    ``by="token"``: fraction of equal tokens (float); ``by="sequence"``: fraction of rows equal at every
+    position, i.e. exact match (float); ``by="position"``: per-position accuracy ``(L,)``.
+    Positions whose target is ``ignore_index`` are left out.
+    """
+    if not isinstance(pred, torch.Tensor) or not isinstance(target, torch.Tensor):
+        raise TypeError(f"pred and target must be tensors, got {type(pred).__name__} and {type(target).__name__}")
+    if pred.shape != target.shape or pred.dim() != 2:
+        raise ValueError(f"pred and target must both be (B, L), got {tuple(pred.shape)} and {tuple(target.shape)}")
+    keep = torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target != ignore_index
+    hit = (pred == target) & keep
+    if by == "token":
+        return float(hit.sum() / keep.sum().clamp_min(1))
+    if by == "sequence":
+        return float((hit | ~keep).all(dim=1).float().mean())
+    if by == "position":
+        return hit.sum(0).double() / keep.sum(0).clamp_min(1)
+    raise ValueError(f"by must be 'token', 'sequence' or 'position', got {by!r}")
+
+
+# ----------------------------------------------------------------------------- Chapter 2 tasks (M2.7, M2.9, M2.10, M2.19)
+__all__ += ["gaussian_tokens", "offset_copy", "seen_before"]
+
+
+def gaussian_tokens(batch: int, length: int, d: int, *, norm_spread: tuple[float, float] | None = None,
+                    generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                    device=None) -> torch.Tensor:
+    """Random token vectors ``(batch, length, d)`` with i.i.d. standard normal entries (M2.9).
+
+    Without ``norm_spread`` the row norms concentrate around ``sqrt(d)``, so the diagonal of
+    ``X X^T`` tends to win every row. ``norm_spread=(lo, hi)`` rescales each row to a norm drawn
+    uniformly from ``[lo, hi]`` (``0 < lo <= hi``): unequal norms, where a long off-diagonal token
+    can beat a short token's own ``||x_i||^2``.
+    """
+    for name, value in (("batch", batch), ("length", length), ("d", d)):
+        check_positive_int(name, value)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    x = torch.randn(batch, length, d, generator=generator, dtype=dtype)
+    if norm_spread is not None:
+        try:
+            lo, hi = (float(v) for v in norm_spread)
+        except (TypeError, ValueError):
+            raise ValueError(f"norm_spread must be a pair (lo, hi) of numbers, got {norm_spread!r}") from None
+        if not 0 < lo <= hi:
+            raise ValueError(f"norm_spread must satisfy 0 < lo <= hi, got {norm_spread!r}")
+        norms = lo + (hi - lo) * torch.rand(batch, length, 1, generator=generator, dtype=dtype)
+        x = x / x.norm(dim=-1, keepdim=True) * norms
+    return x.to(device)
+
+
+def offset_copy(batch: int, length: int, vocab: int, offsets=(-1,), *, generator: torch.Generator | None = None,
+                device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read a neighbour: ``ids (batch, length)`` and ``targets (batch, length, len(offsets))`` (M2.7, M2.10).
+
+    ``targets[b, i, c] = ids[b, i + offsets[c]]``, or ``PAD`` where ``i + offsets[c]`` falls outside
+    the sequence (nothing to predict there). ``offsets=(-1,)`` is the previous-token task;
+    ``(-1, 1)`` asks for both neighbours at once, two relations that one attention head cannot
+    serve together. Offsets are distinct non-zero ints with ``|offset| < length``.
+    """
+    ids = _tokens(batch, length, vocab, generator, device)
+    offsets = tuple(offsets) if not isinstance(offsets, int) else (offsets,)
+    if (not offsets or any(isinstance(o, bool) or not isinstance(o, int) for o in offsets)
+            or len(set(offsets)) != len(offsets) or any(o == 0 or abs(o) >= length for o in offsets)):
+        raise ValueError(f"offsets must be distinct non-zero ints with |offset| < length={length}, got {offsets!r}")
+    targets = torch.full((batch, length, len(offsets)), PAD, dtype=ids.dtype, device=ids.device)
+    for c, o in enumerate(offsets):
+        if o < 0:
+            targets[:, -o:, c] = ids[:, :o]
+        else:
+            targets[:, :-o, c] = ids[:, o:]
+    return ids, targets
+
+
+def seen_before(batch: int, length: int, vocab: int, *, generator: torch.Generator | None = None,
+                device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence labelling that needs context (M2.19): ``ids (batch, length)``, ``labels (batch, length)``.
+
+    ``labels[b, i] = 1`` if the token ``ids[b, i]`` already occurred at some position ``j < i``,
+    else ``0`` (so position 0 is always 0). A per-token classifier sees only ``(token, position)``
+    and can do no better than the base rate at each position.
+    """
+    ids = _tokens(batch, length, vocab, generator, device)
+    earlier = (ids[:, :, None] == ids[:, None, :]).tril(diagonal=-1)         # [b, i, j]: j < i, same token
+    return ids, earlier.any(dim=-1).long()

@@ -12,15 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import CrossKVCache, KVCache, MultiHeadAttention
-from .positional import RotaryEmbedding, sinusoidal_encoding
+from .attention import CrossKVCache, KVCache, MultiHeadAttention, causal_mask
+from .positional import (AlibiBias, RotaryEmbedding, ShawRelativeAttention, T5RelativeBias, XLRelativeAttention,
+                         sinusoidal_encoding)
 from .utils import check_positive_int, check_tensor
 
 __all__ = [
     "FeedForward", "layer_norm", "batch_norm", "RMSNorm", "SwiGLU", "ffn_hidden_size",
     "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "EncoderDecoder", "TransformerLM",
     "embed_onehot", "shift_right", "teacher_forcing_loss", "generate", "greedy_decode",
-    "beam_search", "count_params",
+    "beam_search", "count_params", "EncoderStackLM", "sequence_log_prob", "attention_weights",
 ]
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
@@ -254,15 +255,16 @@ class EncoderDecoder(nn.Module):
 class _LMBlock(nn.Module):
     """Pre-norm decoder-only block: ``x + Attn(RMSNorm(x))`` then ``x + SwiGLU(RMSNorm(x))``."""
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int, rope: nn.Module | None):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int, rope: nn.Module | None,
+                 attn: nn.Module | None = None):
         super().__init__()
         self.attn_norm = RMSNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, bias=False, rope=rope)
+        self.attn = attn if attn is not None else MultiHeadAttention(d_model, n_heads, n_kv_heads, bias=False, rope=rope)
         self.ff_norm = RMSNorm(d_model)
         self.ff = SwiGLU(d_model, d_ff)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), causal=True, cache=cache)
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), causal=True, cache=cache, bias=bias)
         return x + self.ff(self.ff_norm(x))
 
 
@@ -270,14 +272,18 @@ class TransformerLM(nn.Module):
     """A Llama-style decoder-only language model: pre-norm RMSNorm blocks, GQA, SwiGLU, causal attention.
 
     ``positional`` is ``"rope"`` (rotary, default), ``"sinusoidal"`` or ``"learned"`` (added to the
-    embeddings) or ``"none"``. ``forward(ids (B, L), cache=None) -> logits (B, L, vocab)``; with a
-    cache from `make_cache`, ``ids`` holds only the new tokens.
+    embeddings), ``"none"``, ``"alibi"`` or ``"t5"`` (an additive attention bias shared by all layers;
+    T5 buckets up to ``relative_max_distance``), ``"shaw"`` (clipped relative keys/values, clip
+    ``relative_max_distance``) or ``"xl"`` (Transformer-XL relative scores).
+    ``forward(ids (B, L), cache=None) -> logits (B, L, vocab)``; with a cache from `make_cache`,
+    ``ids`` holds only the new tokens.
     """
 
-    POSITIONAL = ("rope", "sinusoidal", "learned", "none")
+    POSITIONAL = ("rope", "sinusoidal", "learned", "none", "alibi", "t5", "shaw", "xl")
 
     def __init__(self, vocab: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int | None = None, *,
-                 d_ff: int | None = None, positional: str = "rope", max_len: int = 1024, rope_base: float = 10000.0):
+                 d_ff: int | None = None, positional: str = "rope", max_len: int = 1024, rope_base: float = 10000.0,
+                 relative_max_distance: int = 128):
         super().__init__()
         if positional not in self.POSITIONAL:
             raise ValueError(f"positional must be one of {self.POSITIONAL}, got {positional!r}")
@@ -291,8 +297,18 @@ class TransformerLM(nn.Module):
             self.register_buffer("pos", sinusoidal_encoding(max_len, d_model), persistent=False)
         elif positional == "learned":
             self.pos = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
+        elif positional == "alibi":
+            self.pos_bias = AlibiBias(n_heads)
+        elif positional == "t5":
+            self.pos_bias = T5RelativeBias(n_heads, max_distance=relative_max_distance, bidirectional=False)
+
+        def attn():
+            if positional == "shaw":
+                return ShawRelativeAttention(d_model, n_heads, relative_max_distance, n_kv_heads)
+            return XLRelativeAttention(d_model, n_heads, n_kv_heads) if positional == "xl" else None
+
         rope = RotaryEmbedding(rope_base) if positional == "rope" else None
-        self.blocks = nn.ModuleList(_LMBlock(d_model, n_heads, n_kv_heads, d_ff, rope) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(_LMBlock(d_model, n_heads, n_kv_heads, d_ff, rope, attn()) for _ in range(n_layers))
         self.norm = RMSNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
 
@@ -307,8 +323,13 @@ class TransformerLM(nn.Module):
             if start + ids.shape[1] > self.max_len:
                 raise ValueError(f"positions up to {start + ids.shape[1]} exceed max_len={self.max_len}")
             x = x + self.pos[start:start + ids.shape[1]]
+        bias = None
+        if self.positional == "alibi":
+            bias = self.pos_bias(ids.shape[1], start + ids.shape[1], device=ids.device)
+        elif self.positional == "t5":
+            bias = self.pos_bias(ids.shape[1], start + ids.shape[1])
         for i, block in enumerate(self.blocks):
-            x = block(x, None if cache is None else cache[i])
+            x = block(x, None if cache is None else cache[i], bias=bias)
         return self.head(self.norm(x))
 
 
@@ -421,3 +442,190 @@ def count_params(module: nn.Module, by: str | None = None) -> int | dict[str, in
         raise ValueError(f"by must be None or 'submodule', got {by!r}")
     return {name: sum(p.numel() for p in child.parameters()) for name, child in module.named_children()}
 
+
+
+# ----------------------------------------------------------------------------- chapter 1 helpers
+class EncoderStackLM(nn.Module):
+    """A sequence model built from the original layers: token embeddings (scaled by ``sqrt(d)``) plus
+    sinusoidal positions, an `Encoder` stack of `EncoderLayer` (LayerNorm, ReLU FFN) and a linear head.
+
+    ``causal=True`` masks every self-attention causally: a GPT-style decoder-only language model
+    (no cross-attention). ``causal=False`` lets every token attend to every token: a BERT-style
+    encoder. ``norm_first`` chooses Pre-LN (True) or Post-LN (False, the original placement).
+    ``forward(ids (B, L)) -> logits (B, L, vocab)``.
+    """
+
+    def __init__(self, vocab: int, d_model: int, n_heads: int, d_ff: int, n_layers: int, *,
+                 norm_first: bool = False, causal: bool = True, max_len: int = 512):
+        super().__init__()
+        check_positive_int("vocab", vocab)
+        check_positive_int("max_len", max_len)
+        self.d_model, self.causal = d_model, causal
+        self.embed = nn.Embedding(vocab, d_model)
+        self.register_buffer("pos", sinusoidal_encoding(max_len, d_model), persistent=False)
+        self.encoder = Encoder(d_model, n_heads, d_ff, n_layers, norm_first=norm_first)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        check_tensor("ids", ids, rank=2)
+        length = ids.shape[1]
+        if length > self.pos.shape[0]:
+            raise ValueError(f"ids of shape {tuple(ids.shape)} are longer than max_len={self.pos.shape[0]}")
+        x = self.embed(ids) * math.sqrt(self.d_model) + self.pos[:length]
+        mask = causal_mask(length, device=ids.device) if self.causal else None
+        return self.head(self.encoder(x, mask))
+
+
+def sequence_log_prob(model: EncoderDecoder, src: torch.Tensor, tgt: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """``log p(tgt | src) = sum_t log p(tgt_t | tgt_<t, src)`` for every row: ``src (B, S)``, ``tgt (B, T)`` → ``(B,)`` fp64.
+
+    One teacher-forced pass; the log-softmax runs in fp64, as in `beam_search`, so its scores compare.
+    """
+    check_tensor("src", src, rank=2)
+    check_tensor("tgt", tgt, rank=2)
+    if src.shape[0] != tgt.shape[0]:
+        raise ValueError(f"src and tgt must have the same batch size, got {tuple(src.shape)} and {tuple(tgt.shape)}")
+    with torch.no_grad():
+        logp = torch.log_softmax(model(src, shift_right(tgt, bos_id)).double(), dim=-1)   # (B, T, V)
+    return logp.gather(-1, tgt[..., None]).squeeze(-1).sum(-1)
+
+
+@torch.no_grad()
+def attention_weights(model: nn.Module, *inputs, **kwargs) -> dict[str, torch.Tensor]:
+    """Run ``model(*inputs, **kwargs)`` once; return the weights ``(B, H, Lq, Lk)`` of every `MultiHeadAttention` it called.
+
+    Keys are module names (e.g. ``"decoder.layers.0.cross_attn"``), in call order. The weights come
+    from the explicit formula (``keep_weights``); each module's ``keep_weights`` flag is restored after.
+    """
+    mhas = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    if not mhas:
+        raise ValueError(f"{type(model).__name__} contains no MultiHeadAttention module")
+    weights: dict[str, torch.Tensor] = {}
+    had_flag = {name: "keep_weights" in m.__dict__ for name, m in mhas.items()}
+    old_flag = {name: m.keep_weights for name, m in mhas.items()}
+    hooks = [m.register_forward_hook(lambda mod, args, out, name=name: weights.__setitem__(name, mod.last_weights))
+             for name, m in mhas.items()]
+    try:
+        for m in mhas.values():
+            m.keep_weights = True
+        model(*inputs, **kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+        for name, m in mhas.items():
+            if had_flag[name]:
+                m.keep_weights = old_flag[name]
+            else:
+                del m.keep_weights
+    return weights
+
+
+# ----------------------------------------------------------------------------- chapter 3: hierarchical softmax (M3.17)
+import heapq  # noqa: E402  (used by huffman_tree)
+from typing import NamedTuple  # noqa: E402
+
+
+class HuffmanTree(NamedTuple):
+    """A binary Huffman tree over ``V`` words, for hierarchical softmax.
+
+    Internal nodes have ids ``0 .. V-2`` (the root is ``V-2``); each holds one vector of the
+    model. ``paths[w]`` lists the internal nodes from the root down to word ``w`` and ``signs[w]``
+    the branch taken at each: ``+1`` to the left child, ``-1`` to the right. ``len(paths[w])`` is
+    the length of ``w``'s code: frequent words sit near the root.
+    """
+
+    paths: tuple[tuple[int, ...], ...]
+    signs: tuple[tuple[int, ...], ...]
+
+    @property
+    def n_internal(self) -> int:
+        return len(self.paths) - 1
+
+    def depths(self) -> list[int]:
+        """Code length (number of binary decisions) of every word."""
+        return [len(p) for p in self.paths]
+
+
+def huffman_tree(freqs) -> HuffmanTree:
+    """Huffman tree of ``V >= 2`` positive word frequencies (any scale; they need not sum to 1).
+
+    Repeatedly merges the two lightest subtrees (ties broken by creation order, so the tree is
+    deterministic); the lighter one becomes the left child. The expected code length
+    ``sum_w p_w len(paths[w])`` is the smallest any binary prefix code achieves (between the
+    entropy in bits and one bit more).
+    """
+    weights = [float(f) for f in torch.as_tensor(freqs, dtype=torch.float64).reshape(-1)]
+    if torch.as_tensor(freqs).dim() != 1 or len(weights) < 2 or not all(math.isfinite(w) and w > 0 for w in weights):
+        raise ValueError(f"freqs must be a 1-D sequence of at least 2 positive finite numbers, got {freqs!r}")
+    n_words = len(weights)
+    heap = [(w, i, ("leaf", i)) for i, w in enumerate(weights)]
+    heapq.heapify(heap)
+    children: list[tuple[tuple[str, int], tuple[str, int]]] = []          # internal node id -> (left, right)
+    order = n_words
+    while len(heap) > 1:
+        w_left, _, left = heapq.heappop(heap)
+        w_right, _, right = heapq.heappop(heap)
+        children.append((left, right))
+        heapq.heappush(heap, (w_left + w_right, order, ("node", len(children) - 1)))
+        order += 1
+    paths: list[tuple[int, ...]] = [()] * n_words
+    signs: list[tuple[int, ...]] = [()] * n_words
+    stack = [(len(children) - 1, (), ())]                                  # (node, path so far, signs so far)
+    while stack:
+        node, path, sign = stack.pop()
+        for child, s in zip(children[node], (1, -1)):
+            kind, idx = child
+            if kind == "leaf":
+                paths[idx], signs[idx] = path + (node,), sign + (s,)
+            else:
+                stack.append((idx, path + (node,), sign + (s,)))
+    return HuffmanTree(tuple(paths), tuple(signs))
+
+
+def _check_hsoftmax(h: torch.Tensor, tree: HuffmanTree, node_vectors: torch.Tensor) -> None:
+    check_tensor("h", h, min_rank=1, floating=True)
+    check_tensor("node_vectors", node_vectors, rank=2, floating=True)
+    if node_vectors.shape != (tree.n_internal, h.shape[-1]):
+        raise ValueError(f"node_vectors must be (V-1, d) = ({tree.n_internal}, {h.shape[-1]}) for this tree and h "
+                         f"{tuple(h.shape)}, got {tuple(node_vectors.shape)}")
+
+
+def hsoftmax_prob_loop(h: torch.Tensor, tree: HuffmanTree, node_vectors: torch.Tensor, word: int) -> torch.Tensor:
+    """``p(word | h)`` as the product of the branch probabilities along the word's path (the naive form).
+
+    ``p(w | h) = prod_j sigmoid(sign_j * v_{n_j} . h)`` over the internal nodes ``n_j`` on the path.
+    ``h (..., d)``, ``node_vectors (V-1, d)`` → ``(...,)``.
+    """
+    _check_hsoftmax(h, tree, node_vectors)
+    if isinstance(word, bool) or not isinstance(word, int) or not 0 <= word < len(tree.paths):
+        raise ValueError(f"word must be an int in [0, {len(tree.paths)}), got {word!r}")
+    prob = torch.ones(h.shape[:-1], dtype=h.dtype, device=h.device)
+    for node, sign in zip(tree.paths[word], tree.signs[word]):
+        prob = prob * torch.sigmoid(sign * (h @ node_vectors[node]))
+    return prob
+
+
+def hsoftmax_logprob(h: torch.Tensor, tree: HuffmanTree, node_vectors: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of every word under hierarchical softmax: ``h (..., d)`` → ``(..., V)``.
+
+    One matmul scores all ``V-1`` internal nodes, then each word sums ``log sigmoid(sign * score)``
+    along its (padded) path. Because ``sigmoid(z) + sigmoid(-z) = 1`` at every node, the
+    probabilities of all words sum to 1. Predicting one given word needs only its ``depth`` nodes
+    (``O(log V)`` for a balanced tree) instead of all ``V`` output vectors. Halves are computed in
+    fp32 and returned in their dtype. Equals `hsoftmax_prob_loop` word by word.
+    """
+    _check_hsoftmax(h, tree, node_vectors)
+    work = torch.float32 if h.dtype in (torch.float16, torch.bfloat16) else h.dtype
+    depth = max(tree.depths())
+    idx = torch.zeros(len(tree.paths), depth, dtype=torch.long, device=h.device)
+    sign = torch.zeros(len(tree.paths), depth, dtype=work, device=h.device)        # 0 marks padding
+    for w, (path, s) in enumerate(zip(tree.paths, tree.signs)):
+        idx[w, :len(path)] = torch.tensor(path, device=h.device)
+        sign[w, :len(s)] = torch.tensor(s, dtype=work, device=h.device)
+    scores = h.to(work) @ node_vectors.to(work).T                                 # (..., V-1)
+    z = scores[..., idx] * sign                                                    # (..., V, depth)
+    logp = (F.logsigmoid(z) * (sign != 0)).sum(dim=-1)
+    return logp.to(h.dtype)
+
+
+__all__ += ["HuffmanTree", "huffman_tree", "hsoftmax_prob_loop", "hsoftmax_logprob"]
