@@ -2,8 +2,8 @@
 
 For the index and every chapter page: the page loads; MathJax has typeset its maths (the DOM
 holds ``mjx-container`` elements and no raw ``$$``/``\\[``); figures are present (``<img>``
-under ``_images/`` whose files exist); no cell shows a traceback; and the Colab launch link
-points at the chapter's ``.ipynb``. Writes a JUnit report so `make test` can count the checks.
+under ``_images/`` whose files exist); no cell shows a traceback; the Colab launch link
+points at the chapter's ``.ipynb`` and every other Colab link at a notebook in the repository. Writes a JUnit report so `make test` can count the checks.
 """
 from __future__ import annotations
 
@@ -48,11 +48,12 @@ def check_page(dom: str, page: Path, *, chapter: bool) -> list[str]:
         for src in images:
             if not (page.parent / src).resolve().is_file():
                 problems.append(f"figure file missing: {src}")
-        colab = re.findall(r'href="(https://colab\.research\.google\.com/[^"]+)"', dom)
-        if not colab:
-            problems.append("no Colab launch link")
-        elif not all(link.endswith(f"{page.stem}.ipynb") for link in colab):
-            problems.append(f"Colab link does not point at {page.stem}.ipynb: {colab[0]}")
+        colab = re.findall(r'href="https://colab\.research\.google\.com/github/[^/"]+/[^/"]+/blob/[^/"]+/([^"]+)"', dom)
+        if f"chapters/{page.stem}.ipynb" not in colab:
+            problems.append(f"no Colab launch link to chapters/{page.stem}.ipynb (links seen: {colab})")
+        for target in colab:  # other Colab links (e.g. to the chapter's exercises) must name a notebook that exists
+            if not target.endswith(".ipynb") or not (ROOT / target).is_file():
+                problems.append(f"Colab link to a notebook that is not in the repository: {target}")
     return problems
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG = "hide-cell"
+CELL_ID = "xfam-setup"
 
 
 def repository_url() -> str:
@@ -48,11 +50,15 @@ def notebooks() -> list[Path]:
 def fix(path: Path) -> bool:
     """Make the first cell of ``path`` the canonical setup cell; returns True if the file changed."""
     nb = json.loads(path.read_text(encoding="utf-8"))
-    cell = {"cell_type": "code", "execution_count": None, "metadata": {"tags": [TAG]}, "outputs": [],
+    cell = {"cell_type": "code", "execution_count": None, "id": CELL_ID, "metadata": {"tags": [TAG]}, "outputs": [],
             "source": setup_cell_source().splitlines(keepends=True)}
     first = nb["cells"][0] if nb["cells"] else None
-    if first is not None and "".join(first["source"]) == setup_cell_source() and TAG in first["metadata"].get("tags", []):
+    missing_ids = [c for c in nb["cells"] if "id" not in c]
+    if (first is not None and "".join(first["source"]) == setup_cell_source()
+            and TAG in first["metadata"].get("tags", []) and first.get("id") == CELL_ID and not missing_ids):
         return False
+    for c in missing_ids:  # nbformat 4.5 requires an id on every cell
+        c["id"] = uuid.uuid4().hex[:8]
     if first is not None and first["cell_type"] == "code" and "google.colab" in "".join(first["source"]):
         nb["cells"][0] = cell
     else:
