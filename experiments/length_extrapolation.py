@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from xfam_lib.positional import length_extrapolation
+from xfam_lib.experiments import length_extrapolation
 
 KINDS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5", "shaw", "xl")
 OUT = Path(__file__).resolve().parent / "results" / "length_extrapolation.json"

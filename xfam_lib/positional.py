@@ -1,6 +1,6 @@
 """Positional encodings: absolute (sinusoidal, learned), relative (Shaw, Transformer-XL, T5),
-rotary (RoPE), linear biases (ALiBi), distance-aware reweighting (DA-Transformer), and a small
-length-extrapolation experiment.
+rotary (RoPE), linear biases (ALiBi), and distance-aware reweighting (DA-Transformer).
+The length-extrapolation experiment that compares them lives in `xfam_lib.experiments`.
 
 Conventions (book-wide, see ``shared/API.md``):
 
@@ -16,7 +16,6 @@ Conventions (book-wide, see ``shared/API.md``):
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -758,100 +757,3 @@ def da_attention_reference(q, k, v, alpha, beta, *, mask=None, causal=False, sca
             scores[..., i, j] = (s * (f.squeeze(-1).squeeze(-1) if f.dim() else f)) * scale
     weights = _masked_softmax(scores, _attention_mask(q, k, mask, causal))
     return weights @ v, weights
-
-
-# ============================================================================= length extrapolation (M4.15)
-class LaggedTopicLanguage:
-    """A synthetic language with short- and long-range structure, for train-short/test-long experiments.
-
-    Each sequence draws a hidden *topic*: a random set of ``topic_size`` of the ``vocab`` tokens.
-    Token ``t`` is a fixed permutation of token ``t - lag`` with probability ``p_rule`` (short range:
-    the model must find the token exactly ``lag`` steps back) and is drawn uniformly from the topic
-    otherwise (long range: the more context, the better the topic is known). The permutation is
-    fixed by ``seed``. `sample` also returns the log-probability of every token under the true
-    process given the topic: a floor no model can beat on average.
-    """
-
-    def __init__(self, vocab: int = 32, *, lag: int = 2, p_rule: float = 0.7, topic_size: int = 6, seed: int = 0):
-        self.vocab = check_positive_int("vocab", vocab)
-        self.lag = check_positive_int("lag", lag)
-        self.topic_size = check_positive_int("topic_size", topic_size)
-        if topic_size > vocab:
-            raise ValueError(f"topic_size={topic_size} exceeds vocab={vocab}")
-        if not 0.0 <= p_rule < 1.0:
-            raise ValueError(f"p_rule must be in [0, 1), got {p_rule}")
-        self.p_rule = float(p_rule)
-        self.perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
-
-    def sample(self, batch: int, length: int, *, generator: torch.Generator | None = None,
-               device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(tokens (batch, length) long, oracle_logp (batch, length) fp64)``."""
-        check_positive_int("batch", batch)
-        check_positive_int("length", length)
-        topic = torch.rand(batch, self.vocab, generator=generator).argsort(-1)[:, : self.topic_size]
-        free = topic.gather(1, torch.randint(self.topic_size, (batch, length), generator=generator))
-        use_rule = torch.rand(batch, length, generator=generator) < self.p_rule
-        tokens = free.clone()
-        for t in range(self.lag, length):
-            tokens[:, t] = torch.where(use_rule[:, t], self.perm[tokens[:, t - self.lag]], free[:, t])
-        in_topic = torch.zeros(batch, self.vocab, dtype=torch.bool).scatter_(1, topic, True).gather(1, tokens)
-        p = in_topic.double() / self.topic_size
-        rule_hit = tokens[:, self.lag:] == self.perm[tokens[:, : -self.lag]]
-        p[:, self.lag:] = (1 - self.p_rule) * p[:, self.lag:] + self.p_rule * rule_hit.double()
-        return tokens.to(device), p.log().to(device)
-
-
-def length_extrapolation(kinds: Sequence[str] = ("none", "sinusoidal", "learned", "rope", "alibi", "t5"), *,
-                         train_len: int = 32, factors: Sequence[int] = (1, 2, 4, 8), steps: int = 300,
-                         batch: int = 32, d_model: int = 32, n_layers: int = 2, n_heads: int = 4,
-                         lr: float = 3e-3, seed: int = 0, eval_tokens: int = 16384,
-                         relative_max_distance: int | None = None, language: LaggedTopicLanguage | None = None,
-                         device: torch.device | str = "cpu", progress: bool = False) -> dict:
-    """Train one small `TransformerLM` per positional encoding at ``train_len``, evaluate at ``f * train_len``.
-
-    Every arm sees the same initial seed, the same training batches and the same evaluation data; only
-    ``positional`` differs. Relative encodings with a distance limit (T5 ``max_distance``, Shaw's
-    clip) get ``relative_max_distance`` (default ``3 * train_len // 4``): distances beyond it share
-    the last bucket, which training then sees often, as in the papers' settings. Returns a JSON-ready dict with
-    ``loss[kind][L]`` (mean next-token loss over every position of length-``L`` sequences),
-    ``oracle[L]`` (the same average of the true process's loss given the topic), ``per_position[kind]``
-    (loss at each position of the longest length), ``train_loss[kind]`` (per step) and ``config``.
-    """
-    from .train import cross_entropy, train_loop                  # local imports: transformer imports this module
-    from .transformer import TransformerLM
-
-    language = language or LaggedTopicLanguage()
-    relative_max_distance = relative_max_distance or 3 * train_len // 4
-    lengths = [train_len * f for f in factors]
-    eval_gen = torch.Generator().manual_seed(10_000 + seed)
-    eval_sets = {L: language.sample(max(1, eval_tokens // L), L + 1, generator=eval_gen, device=device)
-                 for L in lengths}
-    result = {"config": dict(kinds=list(kinds), train_len=train_len, factors=list(factors), steps=steps, batch=batch,
-                             d_model=d_model, n_layers=n_layers, n_heads=n_heads, lr=lr, seed=seed,
-                             eval_tokens=eval_tokens, relative_max_distance=relative_max_distance,
-                             vocab=language.vocab, lag=language.lag,
-                             p_rule=language.p_rule, topic_size=language.topic_size),
-              "oracle": {L: float(-eval_sets[L][1][:, 1:].mean()) for L in lengths},
-              "loss": {}, "per_position": {}, "train_loss": {}}
-    for kind in kinds:
-        torch.manual_seed(seed)
-        model = TransformerLM(language.vocab, d_model, n_layers, n_heads, positional=kind, max_len=max(lengths),
-                              relative_max_distance=relative_max_distance).to(device)
-        train_gen = torch.Generator().manual_seed(seed)
-
-        def loss_fn(m, step):
-            seq, _ = language.sample(batch, train_len + 1, generator=train_gen, device=device)
-            return cross_entropy(m(seq[:, :-1]), seq[:, 1:])
-
-        result["train_loss"][kind] = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10,
-                                                progress=progress, desc=kind)
-        result["loss"][kind], result["per_position"][kind] = {}, None
-        with torch.no_grad():
-            for L in lengths:
-                seq, _ = eval_sets[L]
-                logits = model(seq[:, :-1])
-                nll = F.cross_entropy(logits.transpose(1, 2).float(), seq[:, 1:], reduction="none")   # (n, L)
-                result["loss"][kind][L] = float(nll.mean())
-                if L == max(lengths):
-                    result["per_position"][kind] = nll.mean(0).tolist()
-    return result

@@ -10,7 +10,7 @@ import torch
 from .utils import check_positive_int
 
 __all__ = ["PAD", "BOS", "N_SPECIAL", "copy_task", "reverse_task", "associative_recall", "lm_copy_task",
-           "accuracy"]
+           "accuracy", "LaggedTopicLanguage"]
 
 PAD, BOS = 0, 1
 N_SPECIAL = 2
@@ -162,3 +162,44 @@ def seen_before(batch: int, length: int, vocab: int, *, generator: torch.Generat
     ids = _tokens(batch, length, vocab, generator, device)
     earlier = (ids[:, :, None] == ids[:, None, :]).tril(diagonal=-1)         # [b, i, j]: j < i, same token
     return ids, earlier.any(dim=-1).long()
+
+
+class LaggedTopicLanguage:
+    """A synthetic language with short- and long-range structure, for train-short/test-long experiments.
+
+    Each sequence draws a hidden *topic*: a random set of ``topic_size`` of the ``vocab`` tokens.
+    Token ``t`` is a fixed permutation of token ``t - lag`` with probability ``p_rule`` (short range:
+    the model must find the token exactly ``lag`` steps back) and is drawn uniformly from the topic
+    otherwise (long range: the more context, the better the topic is known). The permutation is
+    fixed by ``seed``. Every id in ``0 .. vocab-1`` is a data token (no PAD or BOS: sequences are
+    never padded). `sample` also returns the log-probability of every token under the true
+    process given the topic: a floor no model can beat on average.
+    """
+
+    def __init__(self, vocab: int = 32, *, lag: int = 2, p_rule: float = 0.7, topic_size: int = 6, seed: int = 0):
+        self.vocab = check_positive_int("vocab", vocab)
+        self.lag = check_positive_int("lag", lag)
+        self.topic_size = check_positive_int("topic_size", topic_size)
+        if topic_size > vocab:
+            raise ValueError(f"topic_size={topic_size} exceeds vocab={vocab}")
+        if not 0.0 <= p_rule < 1.0:
+            raise ValueError(f"p_rule must be in [0, 1), got {p_rule}")
+        self.p_rule = float(p_rule)
+        self.perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
+
+    def sample(self, batch: int, length: int, *, generator: torch.Generator | None = None,
+               device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens (batch, length) long, oracle_logp (batch, length) fp64)``."""
+        check_positive_int("batch", batch)
+        check_positive_int("length", length)
+        topic = torch.rand(batch, self.vocab, generator=generator).argsort(-1)[:, : self.topic_size]
+        free = topic.gather(1, torch.randint(self.topic_size, (batch, length), generator=generator))
+        use_rule = torch.rand(batch, length, generator=generator) < self.p_rule
+        tokens = free.clone()
+        for t in range(self.lag, length):
+            tokens[:, t] = torch.where(use_rule[:, t], self.perm[tokens[:, t - self.lag]], free[:, t])
+        in_topic = torch.zeros(batch, self.vocab, dtype=torch.bool).scatter_(1, topic, True).gather(1, tokens)
+        p = in_topic.double() / self.topic_size
+        rule_hit = tokens[:, self.lag:] == self.perm[tokens[:, : -self.lag]]
+        p[:, self.lag:] = (1 - self.p_rule) * p[:, self.lag:] + self.p_rule * rule_hit.double()
+        return tokens.to(device), p.log().to(device)
