@@ -307,6 +307,10 @@ def test_softmax_online_dtypes_and_errors_M2_14():
         softmax_online(iter([]))
     with pytest.raises(TypeError, match="one dtype"):
         softmax_online([torch.tensor([1.0]), torch.tensor([1.0], dtype=F64)])
+    # -inf entries get probability 0; a stream of only -inf has no distribution: NaN, as in torch
+    ninf = float("-inf")
+    assert_close(softmax_online([[ninf, 0.0], [ninf]]), torch.softmax(torch.tensor([ninf, 0.0, ninf], dtype=F64), 0))
+    assert torch.isnan(softmax_online([[ninf, ninf]])).all() and torch.isnan(torch.softmax(torch.full((2,), ninf), 0)).all()
 
 
 def test_log_softmax_lse_M2_15():

@@ -420,7 +420,7 @@ def softmax_safe(x: torch.Tensor, dim: int = -1, *, upcast: bool = True) -> torc
     """Softmax with the max subtracted first: ``exp(x - m) / sum(exp(x - m))``, ``m = max(x)``.
 
     Shift invariance (``softmax(x + c) = softmax(x)``) makes the result exact while every exponent
-    is ``<= 0``, so nothing overflows. ``m`` is detached: its gradient contribution is exactly zero.
+    is ``<= 0``, so nothing overflows. A slice of only ``-inf`` gives NaN, like `torch.softmax`. ``m`` is detached: its gradient contribution is exactly zero.
     ``upcast=True`` (default) computes fp16/bf16 inputs in fp32 and rounds once at the end;
     ``upcast=False`` computes in the input dtype (the lossy way, for comparison). Same shape out.
     """
@@ -444,7 +444,8 @@ def softmax_online(values, *, trace: bool = False):
     past and the probabilities ``exp(x_i - m_n) / d_n`` are formed at the end. Returns a 1-D tensor
     (the chunks' dtype, accumulated in fp32 for halves; float64 for Python numbers); with
     ``trace=True`` returns ``(probs, maxes, denominators)``, the running ``m_j`` and ``d_j`` after
-    each element or chunk (float64 tensors).
+    each element or chunk (float64 tensors). A stream of only ``-inf`` has no distribution and gives
+    NaN, as `torch.softmax` and `softmax_safe` do (attention treats fully masked rows separately).
     """
     seen, maxes, denoms = [], [], []
     out_dtype = None
