@@ -36,13 +36,11 @@ def train_loop(model: nn.Module, loss_fn: Callable[[nn.Module, int], torch.Tenso
     """
     if steps <= 0 or lr <= 0 or warmup < 0:
         raise ValueError(f"need steps > 0, lr > 0, warmup >= 0; got steps={steps}, lr={lr}, warmup={warmup}")
-    from tqdm.auto import tqdm
-
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     losses: list[float] = []
     model.train()
-    bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False, mininterval=0.5)
+    bar = _progress_bar(steps, desc, enabled=progress)
     for step in bar:
         loss = loss_fn(model, step)
         if not math.isfinite(loss.item()):
@@ -56,5 +54,42 @@ def train_loop(model: nn.Module, loss_fn: Callable[[nn.Module, int], torch.Tenso
         losses.append(loss.item())
         if step % 10 == 0:
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    bar.close()
     model.eval()
     return losses
+
+
+def _progress_bar(steps: int, desc: str, *, enabled: bool):
+    """A tqdm bar over ``range(steps)`` that leaves no output behind once closed.
+
+    In a Jupyter kernel tqdm draws an ipywidget, and a saved notebook (so the HTML book) would keep
+    a dead copy of it. There the bar is shown through a display handle whose content is replaced by
+    an empty output when the bar closes. Elsewhere it is tqdm's text bar on stderr.
+    """
+    options = dict(desc=desc, disable=not enabled, leave=False, mininterval=0.5)
+    if not (enabled and _in_notebook()):
+        from tqdm.std import tqdm
+        return tqdm(range(steps), **options)
+    from IPython.display import HTML, DisplayHandle
+    from tqdm.notebook import tqdm
+
+    bar = tqdm(range(steps), display=False, **options)
+    handle = DisplayHandle()
+    handle.display(bar.container)
+    close = bar.close
+
+    def close_and_clear():
+        close()
+        handle.update(HTML(""))
+
+    bar.close = close_and_clear
+    return bar
+
+
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel with ipywidgets available (where a widget bar can be drawn)."""
+    import importlib.util
+    import sys
+
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return type(shell).__name__ == "ZMQInteractiveShell" and importlib.util.find_spec("ipywidgets") is not None

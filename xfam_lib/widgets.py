@@ -3,6 +3,11 @@
 `interactive_figure` draws the default state as an ordinary image output (so the HTML book
 and non-interactive runs show a real figure), then shows the controls; moving a control
 redraws that same output in place (``display_id`` updates, supported by Jupyter and Colab).
+
+The controls only work where a kernel runs. Their output carries a Markdown alternative (a note
+saying where to move them), and the book's ``_config.yml`` tells MyST-NB never to render widget
+views in HTML, so the static page shows the figure and that note instead of controls that look
+alive but do nothing.
 """
 from __future__ import annotations
 
@@ -45,4 +50,11 @@ def interactive_figure(draw: Callable[..., "plt.Figure"], **controls):
     for w in controls_by_name.values():
         w.observe(redraw, names="value")
     box = widgets.VBox(list(controls_by_name.values()))
-    display(box)
+    names = ", ".join(f"`{name}`" for name in controls_by_name)
+    bundle = box._repr_mimebundle_()
+    bundle["text/markdown"] = STATIC_NOTE.format(names=names)
+    display(bundle, raw=True)
+
+
+STATIC_NOTE = ("*Interactive figure: run this notebook (Colab button at the top of the page, or locally) "
+               "to move the controls {names}; the figure above shows their default values.*")
