@@ -2,7 +2,8 @@
 
 For the index and every chapter page: the page loads; MathJax has typeset its maths (the DOM
 holds ``mjx-container`` elements and no raw ``$$``/``\\[``); figures are present (``<img>``
-under ``_images/`` whose files exist); no cell shows a traceback; the Colab launch link
+under ``_images/`` whose files exist); no cell shows a traceback; no ipywidget (controls or a
+progress bar that cannot work without a kernel) is left on the page; the Colab launch link
 points at the chapter's ``.ipynb`` and every other Colab link at a notebook in the repository. Writes a JUnit report so `make test` can count the checks.
 """
 from __future__ import annotations
@@ -41,6 +42,8 @@ def check_page(dom: str, page: Path, *, chapter: bool) -> list[str]:
         problems.append("raw TeX left on the page")
     if 'class="output traceback' in dom or "Traceback (most recent call last)" in body:
         problems.append("a cell output shows a traceback")
+    if "application/vnd.jupyter.widget-view+json" in dom or "jupyter-widgets" in body:
+        problems.append("an ipywidget (controls or a progress bar) is on the static page, where it cannot work")
     if chapter:
         images = re.findall(r'<img[^>]+src="([^"]*_images/[^"]+)"', dom)
         if not images:
