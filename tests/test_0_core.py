@@ -30,11 +30,17 @@ def test_size_preset(monkeypatch):
         utils.size_preset("cpu")
 
 
-def test_seed_everything_reproduces():
-    utils.seed_everything(3)
-    a = torch.randn(4)
-    utils.seed_everything(3)
-    assert torch.equal(a, torch.randn(4))
+def test_seed_everything_seeds_python_numpy_and_torch():
+    """Each generator is seeded with the given seed: its next draws equal those of a fresh generator seeded so."""
+    import random
+
+    import numpy as np
+
+    g = utils.seed_everything(3)
+    assert random.random() == random.Random(3).random()
+    assert np.random.rand() == np.random.RandomState(3).rand()
+    assert torch.equal(torch.randn(4), torch.randn(4, generator=torch.Generator().manual_seed(3)))
+    assert torch.equal(torch.randn(4, generator=g), torch.randn(4, generator=torch.Generator().manual_seed(3)))
 
 
 def test_argument_checks_name_the_argument():
@@ -52,20 +58,59 @@ def test_argument_checks_name_the_argument():
         utils.check_same_dtype(a=torch.zeros(1), b=torch.zeros(1, dtype=torch.float64))
 
 
-def test_assert_close_catches_what_it_should():
-    x = torch.randn(5, 4, dtype=torch.float64)
+def test_assert_close_passes_rounding_and_fails_real_errors():
+    x = torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     assert_close(x, x + 1e-12)
     with pytest.raises(AssertionError, match="shape"):
         assert_close(x, x.T)
-    with pytest.raises(AssertionError, match="non-finite"):
-        assert_close(x.clone().fill_(float("nan")), x)
-    with pytest.raises(AssertionError, match="max abs error"):
-        assert_close(x, x + 1e-4)
+    with pytest.raises(AssertionError, match="1 of 20 elements differ"):
+        assert_close(x + torch.where(x == x[2, 1], 1e-4, 0.0), x)
     # bf16 tolerance is looser than fp32 and is chosen from the less precise tensor
     assert tolerance_for(x.float(), x.bfloat16()) == tolerance_for(x.bfloat16())
     assert tolerance_for(x.bfloat16())[1] > tolerance_for(x.float())[1]
-    y = x.float()
-    assert_close(y.bfloat16(), y)
+    assert tolerance_for(torch.arange(3)) == (0.0, 0.0)
+    assert_close(x.bfloat16(), x)                         # one rounding to bf16 passes (relative error <= 2^-8)
+    assert_close(x.half(), x)
+    with pytest.raises(AssertionError, match="1 of 3 elements differ"):
+        assert_close(torch.arange(3), torch.tensor([0, 1, 3]))     # integers are compared exactly
+
+
+def test_assert_close_is_elementwise_one_wrong_element_in_bf16_fails():
+    """A relative-RMS rule passes one badly wrong element among many good ones; the element-wise rule does not."""
+    e = torch.randn(64, 64, generator=torch.Generator().manual_seed(1))
+    a = e.bfloat16()
+    assert_close(a, e)
+    wrong = a.clone()
+    wrong[17, 3] = e[17, 3] + 0.5                           # one element off by 0.5: rel. RMS error is only ~8e-3
+    rel_rms = float((wrong.float() - e).norm() / e.norm())
+    assert rel_rms < tolerance_for(wrong)[1]               # ... below bf16's rtol, so an RMS test would pass
+    with pytest.raises(AssertionError, match=r"1 of 4096 elements differ.*index \(17, 3\).*relative RMS error"):
+        assert_close(wrong, e)
+    # the rule is |a - e| <= atol + rtol |e|: the same absolute error passes on a large element, fails on a small one
+    big, small = torch.tensor([100.0]), torch.tensor([0.1])
+    assert_close(big + 1.0, big, atol=1e-2, rtol=2e-2)
+    with pytest.raises(AssertionError, match="allowed 1.2"):
+        assert_close(small + 1.0, small, atol=1e-2, rtol=2e-2)
+    with pytest.raises(ValueError, match="atol"):
+        assert_close(e, e, atol=-1.0)
+
+
+@pytest.mark.parametrize("got, expected, passes, words", [
+    ([1.0, float("nan")], [1.0, 2.0], False, "NaN where expected is finite"),
+    ([1.0, float("inf")], [1.0, 2.0], False, "inf where expected is finite"),
+    ([1.0, 2.0], [1.0, float("nan")], False, "a number where expected is NaN"),
+    ([1.0, float("-inf")], [1.0, float("inf")], False, "not the expected inf"),
+    ([1.0, 5.0], [1.0, float("-inf")], False, "not the expected inf"),
+    ([float("nan"), float("-inf"), 3.0], [float("nan"), float("-inf"), 3.0], True, None),
+])
+def test_assert_close_non_finite_values(got, expected, passes, words):
+    for dtype in (torch.float64, torch.bfloat16):
+        got_t, exp_t = torch.tensor(got, dtype=dtype), torch.tensor(expected, dtype=torch.float64)
+        if passes:
+            assert_close(got_t, exp_t)
+        else:
+            with pytest.raises(AssertionError, match=words):
+                assert_close(got_t, exp_t)
 
 
 def test_check_causal_and_permutation_helpers():
@@ -119,7 +164,10 @@ def test_interactive_figure_draws_default_then_redraws(monkeypatch):
 
     assert widgets.interactive_figure(draw, scale=(0.5, 2.0, 0.5), kind=["a", "b"]) is None
     assert calls == [(1.0, "a")]      # the slider starts mid-range, snapped to its step
-    box = shown[-1]
+    bundle = shown[-1]                # the controls, shown as a mime bundle with a static note for the HTML book
+    assert "Interactive figure" in bundle["text/markdown"] and "`scale`, `kind`" in bundle["text/markdown"]
+    from ipywidgets.widgets.widget import _instances
+    box = _instances[bundle["application/vnd.jupyter.widget-view+json"]["model_id"]]
     assert isinstance(box, ipywidgets.VBox)
     box.children[1].value = "b"
     assert calls[-1][1] == "b" and len(calls) == 2

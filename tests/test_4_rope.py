@@ -66,7 +66,9 @@ def test_shift_by_100_leaves_scores_unchanged_seed_check_M4_9(gen):
 def test_norm_is_preserved_M4_9(interleaved, gen):
     x = rand(2, 3, 40, 32, gen=gen)
     y = apply_rope(x, interleaved=interleaved)
-    assert_close(y.norm(dim=-1), x.norm(dim=-1))
+    # the rotation is exact for its cos/sin, which come from fp32 tables (API: angles in fp32): cos^2 + sin^2 = 1
+    # only to about one fp32 rounding, so the norm is kept to a relative 2 eps(fp32), not to fp64 precision
+    assert_close(y.norm(dim=-1), x.norm(dim=-1), atol=0.0, rtol=2 * torch.finfo(torch.float32).eps)
     assert not torch.allclose(y[..., 1:, :], x[..., 1:, :])                 # it does rotate
 
 

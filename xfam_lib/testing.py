@@ -1,7 +1,9 @@
 """Checks shared by the tests, the chapters' check cells and the exercise graders.
 
-`assert_close` is dtype-aware: the tolerance follows from the *lower* precision of the two
-tensors, so a bf16 result is never held to an fp32 tolerance and an fp64 check is never loose.
+`assert_close` is element-wise and dtype-aware: every element must satisfy
+``|actual - expected| <= atol + rtol * |expected|`` (the rule of ``torch.testing.assert_close``),
+with a tolerance that follows from the *lower* precision of the two tensors, so a bf16 result is
+never held to an fp32 tolerance and an fp64 check is never loose.
 """
 from __future__ import annotations
 
@@ -21,9 +23,17 @@ __all__ = [
     "mc_variance",
 ]
 
-# (atol, rtol) per dtype. fp64: round-off of O(1e-16) grows with reductions of length ~1e3;
-# fp32: eps ~ 1.2e-7 times reduction lengths up to ~1e3 gives ~1e-5 relative;
-# half types: eps(bf16) = 7.8e-3, eps(fp16) = 9.8e-4 for a single rounding of the output.
+# (atol, rtol) per dtype; an element passes when |actual - expected| <= atol + rtol * |expected|.
+# The unit roundoff u (the largest relative error of one rounding) is 1.1e-16 in fp64, 6.0e-8 in
+# fp32, 4.9e-4 in fp16 and 3.9e-3 in bf16. A value computed from rounded inputs through a reduction
+# of length n has a relative error of a few u typically and n*u at worst. Hence:
+# * fp64: rtol 1e-8 is far above n*u for any length the book uses, and far below any real error;
+#   atol 1e-10 absorbs cancellation noise in entries that should be (close to) zero.
+# * fp32: rtol 1e-5 is n*u for reductions up to ~170 terms and a few hundred u beyond (attention
+#   over ~1e3 keys stays near sqrt(n)*u); atol 1e-5 is the same scale for O(1) values cancelling to 0.
+# * fp16 / bf16: the inputs and the result are each rounded to the half type (relative u each), and
+#   the fp32 accumulation adds nothing comparable: a few u in all. rtol 1e-2 (fp16, 20u) and 2e-2
+#   (bf16, 5u); atol is one rounding of an O(1) value: 1e-3 (fp16, 2u) and 1e-2 (bf16, 2.5u).
 DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float64: (1e-10, 1e-8),
     torch.float32: (1e-5, 1e-5),
@@ -33,7 +43,7 @@ DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 
 
 def tolerance_for(*tensors: torch.Tensor) -> tuple[float, float]:
-    """The (atol, rtol) of the least precise floating dtype among ``tensors``."""
+    """The (atol, rtol) of the least precise floating dtype among ``tensors`` ((0, 0) for integers: exact)."""
     worst = (0.0, 0.0)
     for t in tensors:
         tol = DEFAULT_TOLERANCES.get(t.dtype, (0.0, 0.0))
@@ -41,14 +51,22 @@ def tolerance_for(*tensors: torch.Tensor) -> tuple[float, float]:
     return worst
 
 
+def _first(where: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(i) for i in where.nonzero()[0])
+
+
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | None = None,
                  rtol: float | None = None, name: str = "tensor") -> None:
-    """Raise ``AssertionError`` unless ``actual`` matches ``expected``.
+    """Raise ``AssertionError`` unless ``actual`` matches ``expected`` element by element.
 
-    Three checks, in order: same shape; no NaN/inf where ``expected`` is finite; then either
-    every element is within ``atol`` (the absolute floor), or the relative RMS error
-    ``||a - e||_2 / ||e||_2`` is at most ``rtol``. Defaults come from `tolerance_for`.
-    The message gives the shapes, the max abs error, its index and the relative RMS error.
+    Checks, in order: both are tensors of the same shape (dtypes may differ); non-finite values
+    agree position by position (NaN where ``expected`` is NaN, ``+inf``/``-inf`` with the same
+    sign where ``expected`` is infinite, and nothing non-finite where ``expected`` is finite);
+    then every finite element satisfies ``|a - e| <= atol + rtol * |e|``, the rule of
+    ``torch.testing.assert_close`` (with NaN positions required to match, as its ``equal_nan=True``).
+    Defaults come from `tolerance_for`. The message names the failing check, how many elements
+    fail, the worst one (index, got, expected), the max abs error and the relative RMS error
+    ``||a - e||_2 / ||e||_2``.
     """
     if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
         raise AssertionError(f"{name}: expected tensors, got {type(actual).__name__} and {type(expected).__name__}")
@@ -57,29 +75,40 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | 
     d_atol, d_rtol = tolerance_for(actual, expected)
     atol = d_atol if atol is None else atol
     rtol = d_rtol if rtol is None else rtol
+    if not (atol >= 0 and rtol >= 0):
+        raise ValueError(f"atol and rtol must be >= 0, got atol={atol}, rtol={rtol}")
     a = actual.detach().to("cpu", torch.float64)
     e = expected.detach().to("cpu", torch.float64)
-    bad = ~torch.isfinite(a) & torch.isfinite(e)
-    if bad.any():
-        idx = tuple(int(i) for i in bad.nonzero()[0])
-        raise AssertionError(f"{name}: {int(bad.sum())} non-finite values where expected is finite, first at {idx}")
+    where = f"shape {tuple(a.shape)}, dtypes {actual.dtype}/{expected.dtype}"
+
+    finite = torch.isfinite(e)
+    checks = (
+        (torch.isnan(a) & finite, "NaN where expected is finite"),
+        (torch.isinf(a) & finite, "inf where expected is finite"),
+        (torch.isnan(e) & ~torch.isnan(a), "a number where expected is NaN"),
+        (torch.isinf(e) & (a != e), "not the expected inf (position or sign differs)"),
+    )
+    for bad, what in checks:
+        if bad.any():
+            idx = _first(bad)
+            raise AssertionError(f"{name}: {int(bad.sum())} of {a.numel()} elements are {what}; first at index "
+                                 f"{idx}: got {a[idx].item():.6g}, expected {e[idx].item():.6g}; {where}")
     if a.numel() == 0:
         return
-    finite = torch.isfinite(e)
-    if not torch.equal(a[~finite], e[~finite]):
-        raise AssertionError(f"{name}: non-finite entries of expected are not reproduced")
     diff = (a - e).abs().where(finite, torch.zeros_like(a))
-    max_err = float(diff.max())
-    if max_err <= atol:
+    allowed = atol + rtol * e.abs().where(finite, torch.zeros_like(e))
+    bad = diff > allowed
+    if not bad.any():
         return
-    rel_rms = float(diff.norm() / e.where(finite, torch.zeros_like(e)).norm().clamp_min(1e-300))
-    if rel_rms <= rtol:
-        return
-    idx = tuple(int(i) for i in (diff == diff.max()).nonzero()[0])
+    excess = (diff - allowed).where(bad, torch.full_like(diff, -1.0))
+    idx = _first(excess == excess.max())
+    e_finite = e.where(finite, torch.zeros_like(e))
+    rel_rms = float(diff.norm() / e_finite.norm().clamp_min(1e-300))
     raise AssertionError(
-        f"{name}: max abs error {max_err:.3e} at index {idx} (got {a[idx].item():.6g}, expected "
-        f"{e[idx].item():.6g}) exceeds atol={atol:.1e}, and relative RMS error {rel_rms:.3e} exceeds "
-        f"rtol={rtol:.1e}; shape {tuple(a.shape)}, dtypes {actual.dtype}/{expected.dtype}"
+        f"{name}: {int(bad.sum())} of {a.numel()} elements differ by more than atol + rtol*|expected| "
+        f"(atol={atol:.1e}, rtol={rtol:.1e}); worst at index {idx}: got {a[idx].item():.6g}, expected "
+        f"{e[idx].item():.6g} (error {diff[idx].item():.3e}, allowed {allowed[idx].item():.3e}); "
+        f"max abs error {float(diff.max()):.3e}, relative RMS error {rel_rms:.3e}; {where}"
     )
 
 
