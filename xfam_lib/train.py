@@ -7,22 +7,44 @@ from typing import Callable
 import torch
 from torch import nn
 
-__all__ = ["cross_entropy", "train_loop"]
+__all__ = ["cross_entropy", "train_loop", "noam_lr"]
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int | None = None) -> torch.Tensor:
-    """Mean ``-log softmax(logits)[target]`` via log-sum-exp: ``logits (..., V)``, ``targets (...)``.
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int | None = None,
+                  label_smoothing: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy via log-sum-exp: ``logits (..., V)``, ``targets (...)`` -> scalar.
 
-    Its gradient with respect to the logits is ``(softmax(logits) - one_hot(target)) / N``.
+    The target distribution is ``q = (1 - eps) * one_hot(target) + eps / V`` with
+    ``eps = label_smoothing`` (M1.17; 0 gives plain ``-log softmax(logits)[target]``), so the loss is
+    ``logsumexp(z) - (1 - eps) * z[target] - eps * mean(z)``, as ``F.cross_entropy(label_smoothing=eps)``.
+    Its gradient with respect to the logits is ``(softmax(logits) - q) / N``. Targets equal to
+    ``ignore_index`` are left out, and ``N`` counts the others.
     """
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits (..., V) and targets (...) disagree: {tuple(logits.shape)} vs {tuple(targets.shape)}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
     logits = logits.reshape(-1, logits.shape[-1])
     targets = targets.reshape(-1)
     keep = torch.ones_like(targets, dtype=torch.bool) if ignore_index is None else targets != ignore_index
     lse = torch.logsumexp(logits, dim=-1)
     picked = logits.gather(-1, targets.clamp_min(0)[:, None]).squeeze(-1)
-    return ((lse - picked) * keep).sum() / keep.sum().clamp_min(1)
+    per_token = lse - (1.0 - label_smoothing) * picked - label_smoothing * logits.mean(-1)
+    return (per_token * keep).sum() / keep.sum().clamp_min(1)
+
+
+def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
+    """The warm-up ("Noam") schedule of Vaswani et al.: ``factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)``.
+
+    ``step`` counts updates from 1. The rate rises linearly for ``warmup`` steps, peaks at
+    ``step == warmup`` with ``factor * (d_model * warmup)**-0.5``, then decays as ``step**-0.5`` (M1.23).
+    To drive an optimiser whose ``lr`` is 1: ``LambdaLR(opt, lambda s: noam_lr(s + 1, d_model, warmup))``
+    (``LambdaLR`` counts from 0).
+    """
+    for name, value in (("step", step), ("d_model", d_model), ("warmup", warmup)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
 
 
 def train_loop(model: nn.Module, loss_fn: Callable[[nn.Module, int], torch.Tensor], *, steps: int, lr: float,

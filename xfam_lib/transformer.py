@@ -211,10 +211,13 @@ class EncoderDecoder(nn.Module):
     Token embeddings (scaled by ``sqrt(d)``) plus sinusoidal positions, an `Encoder`, a `Decoder`
     and a linear head to ``vocab`` logits. ``forward(src (B, S), tgt_in (B, T)) -> (B, T, vocab)``.
     Source positions equal to ``pad_id`` are masked out of attention.
+    ``tie_weights=True`` makes the source embedding, the target embedding and the head's weight one
+    ``(vocab, d)`` Parameter, as in the original model (a shared vocabulary), initialised N(0, 1/d) so
+    that the ``sqrt(d)``-scaled embeddings and the logits both start at unit scale.
     """
 
     def __init__(self, vocab: int, d_model: int, n_heads: int, n_enc: int, n_dec: int, d_ff: int, *,
-                 norm_first: bool = False, pad_id: int | None = 0, max_len: int = 512):
+                 norm_first: bool = False, pad_id: int | None = 0, max_len: int = 512, tie_weights: bool = False):
         super().__init__()
         check_positive_int("vocab", vocab)
         self.vocab, self.d_model, self.pad_id = vocab, d_model, pad_id
@@ -224,6 +227,9 @@ class EncoderDecoder(nn.Module):
         self.encoder = Encoder(d_model, n_heads, d_ff, n_enc, norm_first=norm_first)
         self.decoder = Decoder(d_model, n_heads, d_ff, n_dec, norm_first=norm_first)
         self.head = nn.Linear(d_model, vocab)
+        if tie_weights:
+            nn.init.normal_(self.src_embed.weight, std=d_model ** -0.5)
+            self.tgt_embed.weight = self.head.weight = self.src_embed.weight
 
     def _embed(self, table: nn.Embedding, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
         check_tensor("ids", ids, rank=2)
@@ -276,14 +282,15 @@ class TransformerLM(nn.Module):
     T5 buckets up to ``relative_max_distance``), ``"shaw"`` (clipped relative keys/values, clip
     ``relative_max_distance``) or ``"xl"`` (Transformer-XL relative scores).
     ``forward(ids (B, L), cache=None) -> logits (B, L, vocab)``; with a cache from `make_cache`,
-    ``ids`` holds only the new tokens.
+    ``ids`` holds only the new tokens. ``tie_weights=True`` makes the embedding and the head's weight
+    one ``(vocab, d)`` Parameter, initialised N(0, 1/d) so that the logits start at unit scale.
     """
 
     POSITIONAL = ("rope", "sinusoidal", "learned", "none", "alibi", "t5", "shaw", "xl")
 
     def __init__(self, vocab: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int | None = None, *,
                  d_ff: int | None = None, positional: str = "rope", max_len: int = 1024, rope_base: float = 10000.0,
-                 relative_max_distance: int = 128):
+                 relative_max_distance: int = 128, tie_weights: bool = False):
         super().__init__()
         if positional not in self.POSITIONAL:
             raise ValueError(f"positional must be one of {self.POSITIONAL}, got {positional!r}")
@@ -311,6 +318,9 @@ class TransformerLM(nn.Module):
         self.blocks = nn.ModuleList(_LMBlock(d_model, n_heads, n_kv_heads, d_ff, rope, attn()) for _ in range(n_layers))
         self.norm = RMSNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
+        if tie_weights:
+            nn.init.normal_(self.embed.weight, std=d_model ** -0.5)
+            self.head.weight = self.embed.weight
 
     def make_cache(self, batch: int, max_len: int) -> list[KVCache]:
         return [block.attn.make_cache(batch, max_len) for block in self.blocks]
@@ -385,18 +395,39 @@ def generate(model: TransformerLM, prompt: torch.Tensor, max_new_tokens: int, te
 
 
 @torch.no_grad()
-def greedy_decode(model: EncoderDecoder, src: torch.Tensor, bos_id: int, max_len: int, *,
-                  use_cache: bool = True) -> torch.Tensor:
-    """Greedy decoding of an `EncoderDecoder`: ``src (B, S)`` → ``(B, max_len)`` tokens (BOS not included)."""
+def sample_decode(model: EncoderDecoder, src: torch.Tensor, bos_id: int, max_len: int, *,
+                  temperature: float = 1.0, use_cache: bool = True,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """Decode an `EncoderDecoder` token by token, drawing each from ``softmax(logits / temperature)`` (M1.19).
+
+    ``temperature=0`` takes the argmax (greedy decoding). ``src (B, S)`` → ``(B, max_len)`` tokens
+    (BOS not included). With ``use_cache`` each step feeds one token through the decoder's KV cache;
+    without it, every step recomputes the whole prefix. Both give the same tokens.
+    """
+    check_tensor("src", src, rank=2)
     check_positive_int("max_len", max_len)
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
     memory = model.encode(src)
     out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
     cache = model.make_cache(src.shape[0], max_len) if use_cache else None
     for _ in range(max_len):
         step_in = out[:, -1:] if use_cache else out
         logits = model.decode(step_in, memory, src, cache=cache)
-        out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        out = torch.cat([out, _next_token(logits[:, -1], temperature, generator)[:, None]], dim=1)
     return out[:, 1:]
+
+
+__all__ += ["sample_decode"]
+
+
+def greedy_decode(model: EncoderDecoder, src: torch.Tensor, bos_id: int, max_len: int, *,
+                  use_cache: bool = True) -> torch.Tensor:
+    """Greedy decoding of an `EncoderDecoder`: ``src (B, S)`` → ``(B, max_len)`` tokens (BOS not included).
+
+    `sample_decode` at temperature 0: every step takes the most likely token.
+    """
+    return sample_decode(model, src, bos_id, max_len, temperature=0.0, use_cache=use_cache)
 
 
 @torch.no_grad()
