@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
-from xfam_lib.attention import (MultiHeadAttention, causal_mask, document_mask, padding_mask,
-                                scaled_dot_product_attention)
+from xfam_lib.attention import (CrossKVCache, MultiHeadAttention, causal_mask, document_mask, padding_mask,
+                                scaled_dot_product_attention, tiled_attention)
 from xfam_lib.testing import assert_close, check_causal, copy_from_torch_mha
 
 
@@ -52,7 +52,6 @@ def test_padding_mask_broadcasts_and_combines_M1_13():
     pad = padding_mask([3, 5], 5)
     assert pad.shape == (2, 1, 1, 5)
     tgt = pad & causal_mask(5)
-    assert tgt.shape == (2, 1, 5, 5)
     # Harvard-style construction: (tgt != pad).unsqueeze(-2) & subsequent_mask
     ids = torch.tensor([[4, 5, 6, 0, 0], [4, 5, 6, 7, 8]])
     harvard = (ids != 0).unsqueeze(-2) & (torch.triu(torch.ones(1, 5, 5), diagonal=1) == 0)
@@ -61,7 +60,7 @@ def test_padding_mask_broadcasts_and_combines_M1_13():
 
 def test_document_mask_M1_15():
     m = document_mask([3, 2, 4])
-    assert int(m.sum()) == sum(n * (n + 1) // 2 for n in (3, 2, 4)) == 19
+    assert int(m.sum()) == 19                                  # 6 + 3 + 10 causal pairs
     docs = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
     cross_doc = docs[:, None] != docs[None, :]
     assert not (m & cross_doc).any()
@@ -175,6 +174,47 @@ def test_sdpa_half_precision_returns_input_dtype(dtype, gen):
         assert_close(out, exact.to(dtype))
 
 
+@pytest.mark.parametrize("lq,lk", [(5, 3), (4, 1), (7, 7)])
+def test_sdpa_causal_with_more_queries_than_keys_agrees_with_tiled(lq, lk, gen):
+    """API: bottom-right alignment puts query i at Lk - Lq + i, so with Lq > Lk the first Lq - Lk rows see no key
+    and return zeros; both SDPA paths and tiled attention agree, gradients included."""
+    q = rand(2, lq, 4, gen=gen).requires_grad_()
+    k, v = rand(2, lk, 4, gen=gen).requires_grad_(), rand(2, lk, 3, gen=gen).requires_grad_()
+    tiled = tiled_attention(q, k, v, causal=True, block_q=2, block_k=2)
+    fused = scaled_dot_product_attention(q, k, v, causal=True)
+    formula, w = scaled_dot_product_attention(q, k, v, causal=True, return_weights=True)
+    empty = max(lq - lk, 0)
+    assert torch.equal(fused[:, :empty], torch.zeros(2, empty, 3, dtype=torch.float64))
+    assert torch.equal(w[:, :empty], torch.zeros(2, empty, lk, dtype=torch.float64))
+    # the rows that do see keys: row i sees keys j <= i - (Lq - Lk), checked against torch's causal_lower_right
+    ref = F.scaled_dot_product_attention(q[:, empty:], k, v, attn_mask=causal_lower_right(lq - empty, lk)._materialize())
+    assert_close(fused[:, empty:], ref)
+    cot = rand(2, lq, 3, gen=gen)
+    g_tiled = torch.autograd.grad((tiled * cot).sum(), (q, k, v))
+    for out in (fused, formula):
+        assert_close(out, tiled)
+        for a, b in zip(torch.autograd.grad((out * cot).sum(), (q, k, v)), g_tiled):
+            assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sdpa_half_precision_bias_is_not_rounded_on_either_path(dtype, gen):
+    """An fp32 bias with fine detail on a large offset (ALiBi-like: -m|i-j| grows with distance) is used as given
+    by both paths: they agree with the fp64 formula on the half-rounded inputs within the half tolerance, while
+    rounding the bias to the half type first moves the output far more than that."""
+    q, k, v = (rand(2, 3, 6, 8, gen=gen, dtype=torch.float32).to(dtype) for _ in range(3))
+    bias = 200.0 + torch.rand(3, 6, 6, generator=gen) * 3.0               # half spacing near 200: 1 (bf16), 0.125 (fp16)
+    exact = scaled_dot_product_attention(q.double(), k.double(), v.double(), bias=bias.double())
+    rounded = scaled_dot_product_attention(q.double(), k.double(), v.double(), bias=bias.to(dtype).double())
+    with pytest.raises(AssertionError):
+        assert_close(rounded.to(dtype), exact)
+    fused = scaled_dot_product_attention(q, k, v, bias=bias)
+    formula = scaled_dot_product_attention(q, k, v, bias=bias, return_weights=True)[0]
+    for out in (fused, formula):
+        assert out.dtype == dtype
+        assert_close(out, exact)
+
+
 @given(lq=st.integers(1, 6), extra=st.integers(0, 5), d=st.integers(1, 6), seed=st.integers(0, 2**16))
 @settings(max_examples=30, deadline=None)
 def test_sdpa_causality_property(lq, extra, d, seed):
@@ -201,7 +241,11 @@ def test_sdpa_causality_property(lq, extra, d, seed):
     ((rand(2, 3), rand(4, 3), rand(4, 3)), {"mask": torch.ones(3, 4, dtype=torch.bool)}, "broadcast"),
     ((rand(2, 3), rand(4, 3), rand(4, 3)), {"scale": -1.0}, "scale"),
     ((rand(2, 3), rand(4, 3).float(), rand(4, 3)), {}, "dtypes"),
-    ((rand(5, 3), rand(4, 3), rand(4, 3)), {"causal": True}, "k_len >= q_len"),
+    # a mask or bias may broadcast against the scores (2, 4) but never enlarge the output
+    ((rand(2, 3), rand(4, 3), rand(4, 3)), {"mask": torch.ones(3, 2, 4, dtype=torch.bool)}, r"mask of shape \(3, 2, 4\)"),
+    ((rand(1, 2, 3), rand(1, 4, 3), rand(1, 4, 3)), {"mask": torch.ones(5, 1, 4, dtype=torch.bool)}, "enlarging"),
+    ((rand(2, 3), rand(4, 3), rand(4, 3)), {"bias": rand(2, 2, 4)}, r"bias of shape \(2, 2, 4\)"),
+    ((rand(2, 3), rand(4, 3), rand(4, 3)), {"bias": rand(3, 4)}, "bias"),
 ])
 def test_sdpa_bad_input_names_the_argument(args, kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -234,6 +278,24 @@ def test_mha_matches_torch_causal_and_weights(gen):
     ref, ref_w = theirs(x, x, x, attn_mask=~causal_mask(6), need_weights=True, average_attn_weights=False)
     assert_close(ours_out, ref)
     assert_close(w, ref_w)
+
+
+def test_cross_kv_cache_projects_again_for_a_different_memory_M1_11(gen):
+    """A CrossKVCache reuses the projected memory while it is fed the same tensor, and notices a different memory
+    (or the same one changed in place): the result always equals attention without a cache."""
+    mha = MultiHeadAttention(16, 4).double()
+    dec, enc_a, enc_b = rand(2, 3, 16, gen=gen), rand(2, 9, 16, gen=gen), rand(2, 7, 16, gen=gen)
+    cache = CrossKVCache()
+    with torch.no_grad():
+        assert_close(mha(dec, kv=enc_a, cache=cache), mha(dec, kv=enc_a))
+        k_a = cache.k
+        assert_close(mha(dec[:, :1], kv=enc_a, cache=cache), mha(dec[:, :1], kv=enc_a))
+        assert cache.k is k_a                                                # same memory: not projected again
+        assert_close(mha(dec, kv=enc_b, cache=cache), mha(dec, kv=enc_b))  # a different memory
+        enc_b.mul_(2.0)                                                      # the same tensor, changed in place
+        assert_close(mha(dec, kv=enc_b, cache=cache), mha(dec, kv=enc_b))
+    with pytest.raises(ValueError, match="CrossKVCache needs kv="):
+        mha(dec, cache=cache)
 
 
 def test_cross_attention_matches_torch_M1_11(gen):

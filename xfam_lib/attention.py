@@ -65,12 +65,18 @@ def causal_mask(q_len: int, k_len: int | None = None, *, window: int | None = No
     if k_len < q_len:
         raise ValueError(f"causal_mask needs k_len >= q_len (queries are the last q_len positions), "
                          f"got q_len={q_len}, k_len={k_len}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
+        raise ValueError(f"window must be a non-negative int, got {window!r}")
+    return _bottom_right(q_len, k_len, window, device)
+
+
+def _bottom_right(q_len: int, k_len: int, window: int | None, device) -> torch.Tensor:
+    """The bottom-right causal rule for any lengths: query ``i`` at ``i' = i + k_len - q_len`` sees keys
+    ``j <= i'`` (and ``i' - j <= window``). With ``q_len > k_len`` the first ``q_len - k_len`` rows see no key."""
     i = torch.arange(q_len, device=device).unsqueeze(-1) + (k_len - q_len)
     j = torch.arange(k_len, device=device)
     allowed = j <= i
     if window is not None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-            raise ValueError(f"window must be a non-negative int, got {window!r}")
         allowed &= (i - j) <= window
     return allowed
 
@@ -124,34 +130,36 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                          f"v {tuple(v.shape)}")
 
 
+def _check_broadcasts_to_scores(name: str, t: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
+    """``t`` must broadcast to the scores ``(..., Lq, Lk)`` without enlarging them (no extra or larger batch dims)."""
+    scores = tuple(q.shape[:-2]) + (q.shape[-2], k.shape[-2])
+    try:
+        ok = torch.broadcast_shapes(t.shape, scores) == scores
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} of shape {tuple(t.shape)} must broadcast to the scores {scores} (q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}) without enlarging them")
+
+
 def _combined_mask(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor | None:
-    """Validate ``mask`` and fold the causal mask into it; None when nothing is masked."""
-    lq, lk = q.shape[-2], k.shape[-2]
+    """Validate ``mask`` and fold the bottom-right causal mask into it; None when nothing is masked."""
     if mask is not None:
         check_tensor("mask", mask)
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}; "
                             f"pass additive float biases as bias=")
-        try:
-            torch.broadcast_shapes(mask.shape, q.shape[:-2] + (lq, lk))
-        except RuntimeError:
-            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to scores "
-                             f"{tuple(q.shape[:-2]) + (lq, lk)}") from None
+        _check_broadcasts_to_scores("mask", mask, q, k)
     if causal:
-        cmask = causal_mask(lq, lk, device=q.device)
+        cmask = _bottom_right(q.shape[-2], k.shape[-2], None, q.device)
         mask = cmask if mask is None else mask & cmask
     return mask
 
 
 def _check_bias(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> None:
-    if bias is None:
-        return
-    check_tensor("bias", bias, floating=True)
-    scores_shape = q.shape[:-2] + (q.shape[-2], k.shape[-2])
-    try:
-        torch.broadcast_shapes(bias.shape, scores_shape)
-    except RuntimeError:
-        raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast to scores {tuple(scores_shape)}") from None
+    if bias is not None:
+        check_tensor("bias", bias, floating=True)
+        _check_broadcasts_to_scores("bias", bias, q, k)
 
 
 def _resolve_scale(scale: float | None, q: torch.Tensor) -> float:
@@ -160,6 +168,17 @@ def _resolve_scale(scale: float | None, q: torch.Tensor) -> float:
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite number, got {scale}")
     return scale
+
+
+def _masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Row softmax of ``scores (..., Lq, Lk)`` over the keys ``mask`` allows (True = may attend); a row
+    with no allowed key gets zero weights (not NaN), and a zero gradient."""
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    row_has_key = mask.any(dim=-1, keepdim=True)                    # (..., Lq, 1)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = scores.masked_fill(~row_has_key, 0.0)                  # keep softmax finite on empty rows
+    return torch.softmax(scores, dim=-1) * row_has_key              # ... and then zero them
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
@@ -172,13 +191,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale          # (..., Lq, Lk)
     if bias is not None:
         scores = scores + bias
-    if mask is not None:
-        row_has_key = mask.any(dim=-1, keepdim=True)                # (..., Lq, 1)
-        scores = scores.masked_fill(~mask, float("-inf"))
-        scores = scores.masked_fill(~row_has_key, 0.0)             # keep softmax finite on empty rows
-        weights = torch.softmax(scores, dim=-1) * row_has_key       # ... and then zero them
-    else:
-        weights = torch.softmax(scores, dim=-1)
+    weights = _masked_softmax(scores, mask)
     return torch.matmul(weights, v), weights
 
 
@@ -189,9 +202,11 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
     Shapes: ``q (..., Lq, d_k)``, ``k (..., Lk, d_k)``, ``v (..., Lk, d_v)`` → ``out (..., Lq, d_v)``;
     with ``return_weights=True`` also ``weights (..., Lq, Lk)``.
-    ``mask`` is boolean (True = may attend) and ``causal`` is bottom-right aligned.
-    ``scale`` defaults to ``1/sqrt(d_k)``. fp16/bf16 inputs are computed in fp32 and returned in
-    their own dtype. Rows with no allowed key return zeros.
+    ``mask`` (boolean, True = may attend) and ``bias`` must broadcast to the scores ``(..., Lq, Lk)``
+    without enlarging them. ``causal`` is bottom-right aligned: query ``i`` sits at position
+    ``Lk - Lq + i``, so with ``Lq > Lk`` the first ``Lq - Lk`` queries see no key. Rows with no allowed
+    key return zeros. ``scale`` defaults to ``1/sqrt(d_k)``. fp16/bf16 inputs are computed in fp32 and
+    returned in their own dtype; ``bias`` is used in fp32 then (never rounded to the half type).
 
     Without ``return_weights`` the result comes from PyTorch's fused kernel
     (``torch.nn.functional.scaled_dot_product_attention``) with the conventions above enforced
@@ -200,19 +215,18 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     _check_qkv(q, k, v)
     scale = _resolve_scale(scale, q)
     _check_bias(bias, q, k)
-    if bias is not None and bias.dtype != q.dtype and not (q.dtype in (torch.float16, torch.bfloat16)):
-        bias = bias.to(q.dtype)
+    in_dtype = q.dtype
+    work = _compute_dtype(in_dtype)                                 # fp32 for halves
+    if bias is not None:
+        bias = bias.to(work)
     # Plain causal self-attention goes straight to the fused kernel's own causal path (top-left and
     # bottom-right alignment coincide when Lq == Lk), so no (L, L) mask is built.
     fused_causal = causal and mask is None and bias is None and not return_weights and q.shape[-2] == k.shape[-2]
     mask = None if fused_causal else _combined_mask(q, k, mask, causal)
-    in_dtype = q.dtype
-    half = in_dtype in (torch.float16, torch.bfloat16)
 
     if return_weights:
-        if half:
-            q, k, v = q.float(), k.float(), v.float()
-        out, weights = attention_reference(q, k, v, mask, bias=None if bias is None else bias.to(q.dtype), scale=scale)
+        q, k, v = q.to(work), k.to(work), v.to(work)
+        out, weights = attention_reference(q, k, v, mask, bias=bias, scale=scale)
         return out.to(in_dtype), weights.to(in_dtype)
 
     # Fused path. Rows with no allowed key are opened up (so the kernel never sees an empty row)
@@ -225,12 +239,13 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             mask = mask | empty_rows
     attn_mask = mask
     if bias is not None:
-        bias = bias.to(in_dtype)
+        # the kernel wants the mask in q's dtype: with a bias, run it in fp32 so the bias is not rounded
+        q, k, v = q.to(work), k.to(work), v.to(work)
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=fused_causal, scale=scale)
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
-    return out
+    return out.to(in_dtype)
 
 
 # ----------------------------------------------------------------------------- GQA helper
@@ -292,11 +307,26 @@ class KVCache(nn.Module):
 
 
 class CrossKVCache:
-    """Holds the projected keys/values of a fixed memory (the encoder output) for cross-attention."""
+    """The projected keys/values of a fixed memory (the encoder output) for cross-attention.
+
+    `MultiHeadAttention` projects ``kv`` once and reuses ``k, v`` while it is fed the same memory
+    tensor, unchanged (same object, same in-place version). Fed a different memory, or the same one
+    modified in place, it projects again, so the cache never answers for a memory it has not seen.
+    """
 
     def __init__(self):
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.memory: torch.Tensor | None = None
+        self._version: int | None = None
+
+    def holds(self, memory: torch.Tensor) -> bool:
+        """Whether ``k, v`` were projected from ``memory`` as it is now."""
+        return self.k is not None and memory is self.memory and memory._version == self._version
+
+    def store(self, memory: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keep ``k, v`` projected from ``memory`` (and a reference to it, so it is recognised later)."""
+        self.memory, self._version, self.k, self.v = memory, memory._version, k, v
 
 
 # ----------------------------------------------------------------------------- multi-head attention
@@ -368,10 +398,9 @@ class MultiHeadAttention(nn.Module):
 
         if isinstance(cache, CrossKVCache):
             if kv is None:
-                raise ValueError("a CrossKVCache needs kv= (the memory) on the first call")
-            if cache.k is None:
-                cache.k = self._split(self.k_proj(kv), self.n_kv_heads)
-                cache.v = self._split(self.v_proj(kv), self.n_kv_heads)
+                raise ValueError("a CrossKVCache needs kv= (the memory it caches) on every call")
+            if not cache.holds(kv):
+                cache.store(kv, self._split(self.k_proj(kv), self.n_kv_heads), self._split(self.v_proj(kv), self.n_kv_heads))
             k, v = cache.k, cache.v
         else:
             source = x if kv is None else kv
