@@ -202,9 +202,21 @@ def test_t5_module_bias_values_cache_and_gradient_M4_8():
             for j in range(6):
                 rel = j - (i + 2)
                 assert bias[h, i, j] == mod.bias.weight[t5_bucket_loop(rel, False, 8, 16), h]
-    assert mod.buckets(4, 6) is mod.buckets(4, 6)                         # built once per length
     mod(3).sum().backward()                                               # distances 0..2 only
     assert (mod.bias.weight.grad.abs().sum(-1) > 0).tolist() == [True, True, True] + [False] * 5
+
+
+def test_t5_module_slices_one_bucket_table_while_decoding_M4_8():
+    """Prefill then one key more per step: bucket ids equal the bucket function of j - i', and the module keeps
+    one table (grown by doubling), not one per (q_len, k_len)."""
+    from xfam_lib.positional import relative_positions
+
+    mod = T5RelativeBias(2, num_buckets=8, max_distance=16, bidirectional=False)
+    for q_len, k_len in [(5, 5)] + [(1, n) for n in range(6, 60)] + [(3, 40)]:
+        expected = t5_relative_position_bucket(relative_positions(q_len, k_len), bidirectional=False,
+                                               num_buckets=8, max_distance=16)
+        assert torch.equal(mod.buckets(q_len, k_len), expected)
+    assert list(mod._tables) == ["cpu"] and 59 <= mod._tables["cpu"].shape[0] <= 2 * 59
 
 
 @pytest.mark.parametrize("call,err,match", [

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import KVCache, causal_mask, repeat_kv, scaled_dot_product_attention
+from .attention import (KVCache, _check_qkv, _combined_mask, _masked_softmax, _resolve_scale, causal_mask, repeat_kv,
+                        scaled_dot_product_attention)
 from .utils import check_positive_int, check_tensor
 
 __all__ = [
@@ -37,8 +38,6 @@ __all__ = [
     "xl_relative_scores_reference", "XLRelativeAttention", "t5_relative_position_bucket", "T5RelativeBias",
     # biases and reweighting
     "alibi_slopes", "alibi_bias", "AlibiBias", "da_weight", "da_attention", "da_attention_reference",
-    # the extrapolation experiment
-    "LaggedTopicLanguage", "length_extrapolation",
 ]
 
 
@@ -70,35 +69,6 @@ def _check_positions(positions: torch.Tensor, length: int) -> None:
         raise ValueError(f"positions must have length L={length} (dim -2 of x), got {positions.numel()}")
     if positions.numel() and int(positions.min()) < 0:
         raise ValueError(f"positions must be non-negative, got min {int(positions.min())}")
-
-
-def _masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Row softmax of ``scores`` where ``mask`` (True = may attend) allows; rows with no key give zeros."""
-    if mask is None:
-        return torch.softmax(scores, dim=-1)
-    row_has_key = mask.any(dim=-1, keepdim=True)
-    scores = scores.masked_fill(~mask, float("-inf")).masked_fill(~row_has_key, 0.0)
-    return torch.softmax(scores, dim=-1) * row_has_key
-
-
-def _attention_mask(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor | None:
-    """Combine a boolean ``mask`` and a bottom-right causal mask for scores ``(..., Lq, Lk)``."""
-    if mask is not None:
-        check_tensor("mask", mask)
-        if mask.dtype != torch.bool:
-            raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
-    if causal:
-        cm = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
-        mask = cm if mask is None else mask & cm
-    return mask
-
-
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, min_rank=2, floating=True)
-    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or q.shape[:-2] != k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(f"q (..., Lq, d), k (..., Lk, d), v (..., Lk, d_v) disagree: q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
 
 
 # ============================================================================= absolute positions (M4.1–M4.5)
@@ -196,13 +166,18 @@ _TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _cos_sin(n_positions: int, d: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 cos/sin tables ``(n, d/2)`` for positions ``0 .. n-1``, cached per (d, base, device) and grown on demand."""
+    """fp32 cos/sin tables ``(n, d/2)`` for positions ``0 .. n-1``, cached per (d, base, device) and grown on demand.
+
+    Built outside inference mode even when called inside it: the cache outlives the call, and a table
+    made of inference tensors could not be used later by a training step that records autograd.
+    """
     key = (d, float(base), str(device))
     cached = _TABLES.get(key)
     if cached is None or cached[0].shape[0] < n_positions:
         n = max(n_positions, 2 * cached[0].shape[0] if cached is not None else 0)
-        angles = torch.arange(n, dtype=torch.float32, device=device)[:, None] * rope_frequencies(d, base, device=device)
-        cached = (torch.cos(angles), torch.sin(angles))
+        with torch.inference_mode(False):
+            angles = torch.arange(n, dtype=torch.float32, device=device)[:, None] * rope_frequencies(d, base, device=device)
+            cached = (torch.cos(angles), torch.sin(angles))
         _TABLES[key] = cached
     return cached
 
@@ -365,7 +340,7 @@ def shaw_relative_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r
     """
     _check_qkv(q, k, v)
     _check_shaw_tables(q, v, rel_k, rel_v, max_distance)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = _resolve_scale(scale, q)
     lq, lk = q.shape[-2], k.shape[-2]
     idx = shaw_relative_positions(lq, lk, max_distance, device=q.device)               # (Lq, Lk)
     idx = idx.expand(*q.shape[:-2], lq, lk)
@@ -384,12 +359,12 @@ def shaw_relative_attention_reference(q, k, v, rel_k, rel_v, max_distance, *, ma
     """The paper's formula with the ``(Lq, Lk, d)`` tensors ``a^K, a^V`` built explicitly. Returns ``(out, weights)``."""
     _check_qkv(q, k, v)
     _check_shaw_tables(q, v, rel_k, rel_v, max_distance)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = _resolve_scale(scale, q)
     idx = shaw_relative_positions(q.shape[-2], k.shape[-2], max_distance, device=q.device)
     a_k = rel_k[idx]                                                                     # (Lq, Lk, d)
     keys = k.unsqueeze(-3) + a_k                                                         # (..., Lq, Lk, d)
     scores = (q.unsqueeze(-2) * keys).sum(-1) * scale
-    weights = _masked_softmax(scores, _attention_mask(q, k, mask, causal))
+    weights = _masked_softmax(scores, _combined_mask(q, k, mask, causal))
     values = v.unsqueeze(-3) + (rel_v[idx] if rel_v is not None else 0.0)               # (..., Lq, Lk, d_v)
     return (weights.unsqueeze(-1) * values).sum(-2), weights
 
@@ -553,6 +528,12 @@ class XLRelativeAttention(_RelativeAttentionBase):
     cache=None, bias=None)``; with ``return_terms=True`` also the dict of the four score maps. With a
     `attention.KVCache`, cached keys keep their content projection and the distance terms are
     recomputed for the new queries.
+
+    The distance keys ``r = W_kR R`` depend only on the weights, not on the input. Under autograd
+    (training) they are computed afresh on every call. Without it (decoding, evaluation) the keys of
+    distances ``0 .. n-1`` are projected once, with ``n`` the KV cache's ``max_len`` (doubled when a
+    longer input comes), and sliced at every step; they are projected again when ``r_proj.weight``
+    changes (in place, or replaced) or the dtype or device does.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None):
@@ -560,19 +541,42 @@ class XLRelativeAttention(_RelativeAttentionBase):
         self.r_proj = nn.Linear(d_model, d_model, bias=False)
         self.u = nn.Parameter(torch.zeros(n_heads, self.d_head))
         self.v = nn.Parameter(torch.zeros(n_heads, self.d_head))
+        self._r_cache: tuple | None = None          # (weight alias, weight version, r (H, n, d_head))
+
+    def _project_distances(self, n: int, device, dtype) -> torch.Tensor:
+        """``W_kR`` applied to the sinusoid encodings of distances ``0 .. n-1``: ``(H, n, d_head)``."""
+        table = sinusoidal_encoding(n, self.d_model).to(device, dtype)
+        return self.r_proj(table).view(n, self.n_heads, self.d_head).transpose(0, 1)
+
+    def distance_keys(self, k_len: int, *, max_len: int = 0, device=None, dtype=None) -> torch.Tensor:
+        """The distance keys ``r (H, k_len, d_head)`` for distances ``0 .. k_len-1`` (cached when no grad is recorded)."""
+        w = self.r_proj.weight
+        device, dtype = device or w.device, dtype or w.dtype
+        if torch.is_grad_enabled():
+            return self._project_distances(k_len, device, dtype)
+        cached = self._r_cache
+        fresh = (cached is not None and cached[0].data_ptr() == w.data_ptr() and cached[1] == w._version
+                 and cached[2].shape[1] >= k_len and cached[2].device == torch.device(device)
+                 and cached[2].dtype == dtype)
+        if not fresh:
+            old_n = 0 if cached is None else cached[2].shape[1]
+            n = max(k_len, max_len, old_n if old_n >= k_len else 2 * old_n)          # doubled only to grow
+            # the alias shares w's storage and version counter: it keeps the storage alive, so no other
+            # weight can later sit at the same address, and an in-place update shows in w._version
+            self._r_cache = cached = (w.detach(), w._version, self._project_distances(n, device, dtype))
+        return cached[2][:, :k_len]
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = True,
                 cache: KVCache | None = None, bias: torch.Tensor | None = None, *, return_terms: bool = False):
         if not causal:
             raise ValueError("XLRelativeAttention is causal only (the relative shift is exact on j <= i)")
         q, k, v = self._qkv(x, cache)
-        k_len = k.shape[-2]
-        table = sinusoidal_encoding(k_len, self.d_model).to(x.device, x.dtype)           # distances 0..Lk-1
-        r = self.r_proj(table).view(k_len, self.n_heads, self.d_head).transpose(0, 1)      # (H, Lk, d_head)
+        r = self.distance_keys(k.shape[-2], max_len=0 if cache is None else cache.max_len, device=x.device,
+                               dtype=x.dtype)                                               # (H, Lk, d_head)
         scores = xl_relative_scores(q, k, r, self.u, self.v) / math.sqrt(self.d_head)
         if bias is not None:
             scores = scores + bias
-        weights = _masked_softmax(scores, _attention_mask(q, k, mask, True))
+        weights = _masked_softmax(scores, _combined_mask(q, k, mask, True))
         out = self._merge(weights @ v)
         if return_terms:
             return out, xl_relative_scores(q, k, r, self.u, self.v, terms=True)
@@ -619,8 +623,11 @@ def t5_relative_position_bucket(relative_position: torch.Tensor, *, bidirectiona
 class T5RelativeBias(nn.Module):
     """T5's learned scalar bias per (bucket, head): ``forward(q_len, k_len=None) -> (n_heads, q_len, k_len)``.
 
-    Bucket ids are built once per ``(q_len, k_len, device)`` and reused; the biases (initialised at
-    zero) are looked up on every call so they train. Use ``bidirectional=False`` in a causal decoder.
+    Bucket ids depend only on ``j - i'``, so one square table of bucket ids for positions ``0 .. n-1``
+    serves every ``(q_len, k_len)`` with ``k_len <= n`` as a slice (its bottom-right corner); it is built
+    once per device and doubled when a longer ``k_len`` comes, so decoding step by step does not add a
+    table per step. The biases (initialised at zero) are looked up on every call so they train. Use
+    ``bidirectional=False`` in a causal decoder.
     """
 
     def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128, *, bidirectional: bool = True):
@@ -631,18 +638,20 @@ class T5RelativeBias(nn.Module):
                                     num_buckets=num_buckets, max_distance=max_distance)   # validate the settings
         self.bias = nn.Embedding(num_buckets, n_heads)
         nn.init.zeros_(self.bias.weight)
-        self._buckets: dict[tuple, torch.Tensor] = {}
+        self._tables: dict[str, torch.Tensor] = {}                      # device -> (n, n) bucket ids
 
     def buckets(self, q_len: int, k_len: int | None = None) -> torch.Tensor:
-        """Cached bucket ids ``(q_len, k_len)``."""
+        """Bucket ids ``(q_len, k_len)``: a view into the cached square table (do not modify it in place)."""
         q_len, k_len = _check_lengths(q_len, k_len)
         device = self.bias.weight.device
-        key = (q_len, k_len, str(device))
-        if key not in self._buckets:
-            self._buckets[key] = t5_relative_position_bucket(
-                relative_positions(q_len, k_len, device=device), bidirectional=self.bidirectional,
-                num_buckets=self.num_buckets, max_distance=self.max_distance)
-        return self._buckets[key]
+        table = self._tables.get(str(device))
+        if table is None or table.shape[0] < k_len:
+            n = max(k_len, 2 * table.shape[0] if table is not None else 0)
+            with torch.inference_mode(False):                           # the table outlives this call
+                table = t5_relative_position_bucket(relative_positions(n, device=device), bidirectional=self.bidirectional,
+                                                    num_buckets=self.num_buckets, max_distance=self.max_distance)
+            self._tables[str(device)] = table
+        return table[k_len - q_len:k_len, :k_len]
 
     def forward(self, q_len: int, k_len: int | None = None) -> torch.Tensor:
         return self.bias(self.buckets(q_len, k_len)).permute(2, 0, 1)
@@ -682,20 +691,30 @@ def alibi_bias(n_heads: int, q_len: int, k_len: int | None = None, *, dtype: tor
 
 
 class AlibiBias(nn.Module):
-    """`alibi_bias` for a model: ``forward(q_len, k_len=None, *, device=None, dtype=fp32)``, built once per
-    ``(q_len, k_len, device, dtype)`` and reused (the returned tensor is shared: do not modify it in place)."""
+    """`alibi_bias` for a model: ``forward(q_len, k_len=None, *, device=None, dtype=fp32) -> (n_heads, q_len, k_len)``.
+
+    The bias depends only on ``|i' - j|``, so one square table ``alibi_bias(n_heads, n)`` serves every
+    ``(q_len, k_len)`` with ``k_len <= n`` as a slice (its bottom-right corner). It is built once per
+    ``(device, dtype)`` and doubled when a longer ``k_len`` comes, so decoding step by step does not add
+    a table per step. The result is a view into the shared table: do not modify it in place.
+    """
 
     def __init__(self, n_heads: int):
         super().__init__()
         self.n_heads = check_positive_int("n_heads", n_heads)
-        self._cache: dict[tuple, torch.Tensor] = {}
+        self._tables: dict[tuple, torch.Tensor] = {}                    # (device, dtype) -> (H, n, n)
 
     def forward(self, q_len: int, k_len: int | None = None, *, device: torch.device | str | None = None,
                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        key = (q_len, k_len if k_len is not None else q_len, str(torch.device(device or "cpu")), dtype)
-        if key not in self._cache:
-            self._cache[key] = alibi_bias(self.n_heads, q_len, k_len, dtype=dtype, device=device)
-        return self._cache[key]
+        q_len, k_len = _check_lengths(q_len, k_len)
+        key = (str(torch.device(device or "cpu")), dtype)
+        table = self._tables.get(key)
+        if table is None or table.shape[-1] < k_len:
+            n = max(k_len, 2 * table.shape[-1] if table is not None else 0)
+            with torch.inference_mode(False):                           # the table outlives this call
+                table = alibi_bias(self.n_heads, n, dtype=dtype, device=device)
+            self._tables[key] = table
+        return table[:, k_len - q_len:k_len, :k_len]
 
 
 # ============================================================================= DA-Transformer (M4.14)
@@ -733,11 +752,11 @@ def da_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha, beta,
     ``f > 1`` would be pushed *down*). ``⊙`` is element-wise. Returns ``out`` (and the weights).
     """
     _check_qkv(q, k, v)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = _resolve_scale(scale, q)
     dist = relative_positions(q.shape[-2], k.shape[-2], device=q.device).abs().to(q.dtype)
     f = da_weight(dist, _per_head("alpha", alpha, q), _per_head("beta", beta, q))
     scores = torch.relu(q @ k.transpose(-2, -1)) * f * scale
-    weights = _masked_softmax(scores, _attention_mask(q, k, mask, causal))
+    weights = _masked_softmax(scores, _combined_mask(q, k, mask, causal))
     out = weights @ v
     return (out, weights) if return_weights else out
 
@@ -745,7 +764,7 @@ def da_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha, beta,
 def da_attention_reference(q, k, v, alpha, beta, *, mask=None, causal=False, scale=None):
     """``da_attention`` entry by entry: a loop over ``(i, j)`` for the re-weighted scores. Returns ``(out, weights)``."""
     _check_qkv(q, k, v)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = _resolve_scale(scale, q)
     a, b = _per_head("alpha", alpha, q), _per_head("beta", beta, q)
     lq, lk = q.shape[-2], k.shape[-2]
     scores = q.new_zeros(*q.shape[:-1], lk)
@@ -755,5 +774,5 @@ def da_attention_reference(q, k, v, alpha, beta, *, mask=None, causal=False, sca
             f = (1 + torch.exp(b)) / (1 + torch.exp(b - a * dist))
             s = torch.relu((q[..., i, :] * k[..., j, :]).sum(-1))
             scores[..., i, j] = (s * (f.squeeze(-1).squeeze(-1) if f.dim() else f)) * scale
-    weights = _masked_softmax(scores, _attention_mask(q, k, mask, causal))
+    weights = _masked_softmax(scores, _combined_mask(q, k, mask, causal))
     return weights @ v, weights
