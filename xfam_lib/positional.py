@@ -158,8 +158,13 @@ def absolute_pe_logit_terms(x: torch.Tensor, p: torch.Tensor, W_q: torch.Tensor,
 # ============================================================================= RoPE (M4.9, M4.10)
 def rope_frequencies(d: int, base: float = 10000.0, *, dtype: torch.dtype = torch.float32,
                      device: torch.device | str | None = None) -> torch.Tensor:
-    """The ``d/2`` frequencies ``theta_i = base^(-2i/d)``, ``i = 0 .. d/2 - 1``."""
-    return base ** (-torch.arange(0, d, 2, dtype=dtype, device=device) / d)
+    """The ``d/2`` frequencies ``theta_i = base^(-2i/d)``, ``i = 0 .. d/2 - 1``.
+
+    Computed as ``1 / base^(2i/d)``, the form of the reference implementations (Meta's Llama, Hugging
+    Face, x-transformers), so fp32 tables agree with theirs bit for bit, not only to an ulp: an ulp of
+    ``theta_i`` becomes ``p`` times that in the angle at position ``p`` (1.2e-4 rad for ``theta_0`` at 1000).
+    """
+    return 1.0 / base ** (torch.arange(0, d, 2, dtype=dtype, device=device) / d)
 
 
 _TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
