@@ -49,7 +49,7 @@ def test_M2_9_unequal_norms_lower_the_diagonal_share():
     assert abs(_diagonal_share(x) - 0.82) < 0.03
 
 
-def test_M2_9_gaussian_tokens_moments_and_reproducibility():
+def test_M2_9_gaussian_tokens_moments_and_fixed_norms():
     x = tasks.gaussian_tokens(2000, 8, 4, generator=_gen(2), dtype=torch.float32)
     assert x.dtype == torch.float32
     assert abs(float(x.mean())) < 0.02 and abs(float(x.var()) - 1.0) < 0.03
