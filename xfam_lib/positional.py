@@ -28,6 +28,7 @@ from .utils import check_positive_int, check_tensor
 __all__ = [
     # absolute
     "sinusoidal_encoding", "sinusoidal_wavelengths", "sinusoidal_shift_matrix", "LearnedPositionalEmbedding",
+    "ut_coordinate_encoding",
     "absolute_pe_logit_terms",
     # rotary
     "rope_frequencies", "apply_rope", "RotaryEmbedding", "rope_matrix", "rope_permutation", "to_half_split",
@@ -111,6 +112,19 @@ def sinusoidal_shift_matrix(delta: float, d_model: int, base: float = 10000.0) -
     c, s = torch.cos(b), torch.sin(b)
     blocks = torch.stack((torch.stack((c, s), -1), torch.stack((-s, c), -1)), -2)      # (d/2, 2, 2)
     return torch.block_diag(*blocks)
+
+
+def ut_coordinate_encoding(length: int, n_steps: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """The Universal Transformer's coordinate embedding ``(n_steps, length, d_model)`` (M6.2).
+
+    ``P[t - 1, p] = PE[p] + PE[t]`` for recurrence steps ``t = 1 .. n_steps`` and positions ``p``, with
+    ``PE`` the `sinusoidal_encoding`: the position and step sinusoids are added (the "⊕" of the
+    sources, ERRATA E6.1). Step ``t`` adds ``P[t - 1]`` to the state before the shared layer.
+    """
+    n_steps = check_positive_int("n_steps", n_steps)
+    positions = sinusoidal_encoding(length, d_model, base)                          # (length, d)
+    steps = sinusoidal_encoding(n_steps + 1, d_model, base)[1:]                      # steps 1 .. n_steps
+    return positions.unsqueeze(0) + steps.unsqueeze(1)
 
 
 class LearnedPositionalEmbedding(nn.Module):
