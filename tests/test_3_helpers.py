@@ -1,4 +1,4 @@
-"""Chapter 3 helpers in `xfam_lib.transformer`: Huffman trees and hierarchical softmax (M3.17)."""
+"""Chapter 3 helpers in `xfam_lib.hsoftmax`: Huffman trees and hierarchical softmax (M3.17)."""
 import heapq
 import math
 
@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from xfam_lib.hsoftmax import HuffmanTree, hsoftmax_logprob, hsoftmax_prob_loop, huffman_tree
 from xfam_lib.testing import assert_close
-from xfam_lib.transformer import HuffmanTree, hsoftmax_logprob, hsoftmax_prob_loop, huffman_tree
 
 
 def _merge_cost(freqs):

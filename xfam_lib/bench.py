@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten
 from .attention import repeat_kv, scaled_dot_product_attention
 
 __all__ = [
-    "time_fn", "peak_memory", "largest_intermediate",
+    "time_fn", "peak_memory", "largest_intermediate", "memory_traffic", "measure_matmul_flops", "measure_bandwidth",
     "attention_flops", "rnn_flops", "conv_flops", "path_length", "attention_io_bytes", "Roofline", "roofline",
     "kv_cache_bytes", "paged_waste", "contiguous_waste", "adaptive_softmax_cost", "simulate_tensor_parallel",
 ]
@@ -143,6 +143,66 @@ def largest_intermediate(fn: Callable[[], object], *, detail: bool = False):
     return (tracker.numel, tracker.shape, tracker.op) if detail else tracker.numel
 
 
+# ----------------------------------------------------------------------------- memory traffic and machine balance (M3.8)
+_NO_TRAFFIC = {"aten::empty", "aten::empty_like", "aten::empty_strided"}     # allocate without writing
+
+
+class _Traffic(TorchDispatchMode):
+    """Sums, per op, the bytes of its tensor inputs (reads) and of its outputs (writes); views move nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.by_op: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        schema = func._schema
+        inputs = [t for t in tree_flatten((args, {k: v for k, v in kwargs.items() if k != "out"}))[0]
+                  if isinstance(t, torch.Tensor)]
+        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        writes = any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)
+        shared = {t.untyped_storage().data_ptr() for t in inputs}
+        is_view = not writes and all(t.untyped_storage().data_ptr() in shared for t in outputs)
+        if schema.name not in _NO_TRAFFIC and not is_view:
+            moved = sum(t.numel() * t.element_size() for t in inputs + outputs)
+            self.by_op[str(func)] = self.by_op.get(str(func), 0) + moved
+        return out
+
+
+def memory_traffic(fn: Callable[[], object], *, detail: bool = False):
+    """Bytes read and written by the ops that ``fn()`` runs, op by op, on any device.
+
+    Each op is charged the bytes of its tensor inputs (read) and outputs (written), as if every
+    op went to main memory and back (no fusion, no cache reuse): the traffic model of
+    `attention_io_bytes`, measured on a real code path. Views and bare allocations move nothing.
+    ``detail=True`` returns ``(total, {op name: bytes})``.
+    """
+    with _Traffic() as tracker:
+        result = fn()
+    del result
+    total = sum(tracker.by_op.values())
+    return (total, dict(tracker.by_op)) if detail else total
+
+
+def measure_matmul_flops(device: torch.device | str = "cpu", *, n: int = 1024, dtype: torch.dtype = torch.float32,
+                         repeats: int = 5) -> float:
+    """Rough peak FLOP/s of ``device``: the ``2 n^3`` FLOPs of an ``n x n`` matmul over its median time."""
+    n = _positive("n", n)
+    a, b = torch.randn(2, n, n, device=device).to(dtype)
+    return 2 * n ** 3 / time_fn(lambda: a @ b, repeats=repeats, device=device)
+
+
+def measure_bandwidth(device: torch.device | str = "cpu", *, nbytes: int = 2 ** 26, repeats: int = 5) -> float:
+    """Rough main-memory bandwidth of ``device`` in bytes/s: a copy of ``nbytes`` reads and writes ``nbytes`` each.
+
+    Take ``nbytes`` well above the caches (the default, 64 MiB, is above most CPUs' last-level cache).
+    """
+    src = torch.ones(_positive("nbytes", nbytes) // 4, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.nbytes / time_fn(lambda: dst.copy_(src), repeats=repeats, device=device)
+
+
 # ----------------------------------------------------------------------------- cost models (M3.7–M3.9, M3.13, M3.18)
 def _positive(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
@@ -167,10 +227,14 @@ def attention_flops(n: int, d: int, *, projections: bool = False) -> int:
     return 4 * n * n * d + (8 * n * d * d if projections else 0)
 
 
-def rnn_flops(n: int, d: int) -> int:
-    """FLOPs of a recurrent layer ``h_t = tanh(x_t W_x + h_{t-1} W_h)`` over ``n`` steps: ``4 n d^2``."""
-    n, d = _positive("n", n), _positive("d", d)
-    return 4 * n * d * d
+def rnn_flops(n: int, d: int, *, gates: int = 1) -> int:
+    """FLOPs of a recurrent layer over ``n`` steps of width ``d``: ``4 gates n d^2``.
+
+    Each gate computes ``x_t W_x + h_{t-1} W_h`` (two ``d x d`` products per step). ``gates=1`` is the
+    plain ``h_t = tanh(x_t W_x + h_{t-1} W_h)``; an LSTM has 4 gates, a GRU 3.
+    """
+    n, d, gates = _positive("n", n), _positive("d", d), _positive("gates", gates)
+    return 4 * gates * n * d * d
 
 
 def conv_flops(n: int, d: int, kernel: int = 3) -> int:
