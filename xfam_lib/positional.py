@@ -31,8 +31,8 @@ __all__ = [
     "ut_coordinate_encoding",
     "absolute_pe_logit_terms",
     # rotary
-    "rope_frequencies", "apply_rope", "RotaryEmbedding", "rope_matrix", "rope_permutation", "to_half_split",
-    "to_interleaved", "rope_turns",
+    "rope_frequencies", "apply_rope", "apply_rope_reference", "RotaryEmbedding", "rope_matrix", "rope_permutation",
+    "to_half_split", "to_interleaved", "rope_turns",
     # relative
     "relative_positions", "shaw_relative_positions", "shaw_relative_attention", "shaw_relative_attention_reference",
     "ShawRelativeAttention", "rel_shift", "rel_shift_reference", "xl_relative_scores",
@@ -229,6 +229,29 @@ class _RopeFunction(torch.autograd.Function):
     def backward(ctx, grad):
         cos, sin = ctx.saved_tensors
         return _RopeFunction.apply(grad, cos, -sin, ctx.interleaved), None, None, None
+
+
+def apply_rope_reference(x: torch.Tensor, positions: torch.Tensor | None = None, *,
+                         base: float = 10000.0) -> torch.Tensor:
+    """Half-split RoPE as GPT-NeoX and Hugging Face write it: ``x * cos + rotate_half(x) * sin``.
+
+    ``x (..., L, d)`` with even ``d``; pair ``i`` is ``(x_i, x_{i+d/2})`` and ``rotate_half`` maps the
+    halves ``(x1, x2)`` to ``(-x2, x1)``. The readable reference that `apply_rope` is tested against,
+    computed in the dtype of ``x``; the interleaved layout is
+    ``to_interleaved(apply_rope_reference(to_half_split(x)))``.
+    """
+    check_tensor("x", x, min_rank=2, floating=True)
+    length, d = x.shape[-2], x.shape[-1]
+    if d % 2:
+        raise ValueError(f"apply_rope_reference needs an even feature size d, got x of shape {tuple(x.shape)}")
+    positions = torch.arange(length) if positions is None else positions
+    _check_positions(positions, length)
+    angles = positions.to(x.device, torch.float32)[:, None] * rope_frequencies(d, base, device=x.device)
+    cos = torch.cat((angles.cos(), angles.cos()), dim=-1).to(x.dtype)       # (L, d): pair i uses angle i twice
+    sin = torch.cat((angles.sin(), angles.sin()), dim=-1).to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    rotate_half = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rotate_half * sin
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, *, base: float = 10000.0,
