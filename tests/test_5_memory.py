@@ -57,7 +57,7 @@ def xl_layer(d=16, heads=4, kv_heads=None, seed=0):
     return attn
 
 
-# ============================================================================= M5.1 Transformer-XL
+# ============================================================================= M5.1, M5.2 Transformer-XL
 @pytest.mark.parametrize("kv_heads", [None, 2])
 def test_xl_attention_equals_full_attention_over_memory_and_segment_M5_1(gen, kv_heads):
     """One layer: attending from the segment over [mem; h] ≡ XLRelativeAttention over the concatenation,

@@ -202,7 +202,7 @@ def test_adaptive_span_gets_gradient_from_loss_and_l1_penalty_M6_4(gen):
     assert (layer.span_logit.grad > 0).all()                        # the L1 term pushes every span down
 
 
-# ============================================================================= M6.6–M6.8 Depth-Adaptive Transformer
+# ============================================================================= M6.6, M6.7, M6.8 Depth-Adaptive Transformer
 def test_multi_exit_model_exits_and_loss_M6_6(gen):
     """Exit n ≡ the head on the state after n + 1 layers (run by hand); the loss ≡ Σ_n CE_n;
     per-exit heads add parameters, a shared head does not."""

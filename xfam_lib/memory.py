@@ -372,18 +372,21 @@ def _block_scores(q_scaled, k_block, k_norm_block, out=None):
 def _stream_topk(q_scaled, keys, k_norm, k, block_size):
     """Exact k smallest scores per row, streaming over key blocks and merging running top-k lists.
 
-    Per block: group minima over groups of ``_GROUP`` keys; only groups whose minimum beats the
-    running k-th best can hold a new neighbour, and they are among the ``need <= k`` groups with
-    the smallest minima, so top-``need`` groups are gathered and merged with the running list.
+    The first ``max(block_size, k)`` keys give the first list by ``torch.topk``. For each later
+    block only entries below the row's running k-th best can enter the list. They are found
+    cheaply: minima over groups of ``_GROUP`` keys pick the few groups that hold any, and only
+    those groups are searched. The new entries of each row are padded into a small table and
+    merged with the running list by one ``topk`` over ``k + (new entries)`` columns.
     """
     g, lq, _ = q_scaled.shape
     n = keys.shape[1]
+    init = min(n, max(block_size, k))
+    kn = None if k_norm is None else k_norm[:, :init]
+    best_s, best_i = _block_scores(q_scaled, keys[:, :init], kn).topk(k, dim=-1, largest=False, sorted=False)
+    best_s, best_i = best_s.reshape(g * lq, k), best_i.reshape(g * lq, k)
     n_groups = -(-block_size // _GROUP)
     buf = q_scaled.new_empty(g, lq, n_groups * _GROUP)
-    best_s = q_scaled.new_full((g, lq, k), float("inf"))
-    best_i = torch.zeros(g, lq, k, dtype=torch.long, device=q_scaled.device)
-    offsets = torch.arange(_GROUP, device=q_scaled.device)
-    for start in range(0, n, block_size):
+    for start in range(init, n, block_size):
         stop = min(start + block_size, n)
         kn = None if k_norm is None else k_norm[:, start:stop]
         if stop - start == buf.shape[-1]:
@@ -391,17 +394,23 @@ def _stream_topk(q_scaled, keys, k_norm, k, block_size):
         else:                                                  # a short block: pad with +inf
             buf.fill_(float("inf"))
             buf[..., :stop - start] = _block_scores(q_scaled, keys[:, start:stop], kn)
-        grouped = buf.view(g, lq, n_groups, _GROUP)
-        group_min = grouped.amin(-1)
-        need = min(k, int((group_min < best_s.amax(-1, keepdim=True)).sum(-1).max()))
-        if need == 0:
+        grouped = buf.view(g * lq, n_groups, _GROUP)
+        threshold = best_s.amax(-1)                             # (g * lq,) the running k-th best
+        row, grp = (grouped.amin(-1) < threshold.unsqueeze(-1)).nonzero(as_tuple=True)
+        if row.numel() == 0:
             continue
-        top_groups = group_min.topk(need, dim=-1, largest=False, sorted=False).indices      # (g, lq, need)
-        cand = grouped.gather(2, top_groups.unsqueeze(-1).expand(g, lq, need, _GROUP)).reshape(g, lq, -1)
-        cand_i = (top_groups.unsqueeze(-1) * _GROUP + offsets + start).reshape(g, lq, -1)
-        best_s, pos = torch.cat([best_s, cand], -1).topk(k, dim=-1, largest=False, sorted=False)
-        best_i = torch.cat([best_i, cand_i], -1).gather(-1, pos)
-    return best_s, best_i
+        vals = grouped[row, grp]                                # (P, G): the groups that hold new entries
+        p, off = (vals < threshold[row].unsqueeze(-1)).nonzero(as_tuple=True)
+        row, new_s, new_i = row[p], vals[p, off], start + grp[p] * _GROUP + off   # row-sorted new entries
+        counts = torch.bincount(row, minlength=g * lq)
+        rank = torch.arange(row.numel(), device=row.device) - (counts.cumsum(0) - counts)[row]
+        width = int(counts.max())
+        table_s = best_s.new_full((g * lq, width), float("inf"))
+        table_i = best_i.new_zeros((g * lq, width))
+        table_s[row, rank], table_i[row, rank] = new_s, new_i
+        best_s, pos = torch.cat([best_s, table_s], -1).topk(k, dim=-1, largest=False, sorted=False)
+        best_i = torch.cat([best_i, table_i], -1).gather(-1, pos)
+    return best_s.reshape(g, lq, k), best_i.reshape(g, lq, k)
 
 
 def exact_knn(q: torch.Tensor, keys: torch.Tensor, k: int, *, metric: str = "l2", block_size: int | None = None):
