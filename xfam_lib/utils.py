@@ -21,6 +21,7 @@ __all__ = [
     "check_tensor",
     "check_positive_int",
     "check_same_dtype",
+    "glue",
 ]
 
 
@@ -117,3 +118,25 @@ def check_same_dtype(**tensors: torch.Tensor) -> None:
     if len(set(dtypes.values())) > 1:
         seen = ", ".join(f"{n}={d}" for n, d in dtypes.items())
         raise TypeError(f"dtypes must match, got {seen}")
+
+
+GLUE_PREFIX = "application/papermill.record/"
+
+
+def glue(**values) -> None:
+    """Make computed values available to a chapter's prose as ``{glue:text}`name```.
+
+    Emits, for each ``name=value``, the hidden output that ``myst_nb.glue(name, value,
+    display=False)`` emits (the book build copies it into the text; a notebook frontend shows
+    nothing), without importing myst-nb, which costs seconds per chapter and is absent on Colab.
+    NumPy and torch scalars are glued as Python numbers. tests/test_0_core.py checks the output
+    equals myst-nb's.
+    """
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display
+
+    for name, value in values.items():
+        value = value.item() if isinstance(value, (np.generic, torch.Tensor)) else value
+        bundle, metadata = format_display_data(value)
+        metadata["scrapbook"] = {"name": name, "mime_prefix": GLUE_PREFIX}
+        display({GLUE_PREFIX + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
