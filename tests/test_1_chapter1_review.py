@@ -125,12 +125,12 @@ def test_noam_schedule_formula_peak_and_lambdalr_M1_23():
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: noam_lr(s + 1, d, warmup))
     applied = []
     for _ in range(n):
-        before = float(w)
+        before = float(w.detach())
         opt.zero_grad()
         w.backward(torch.ones((), dtype=torch.float64))              # gradient 1: the step equals the rate
         opt.step()
         sched.step()
-        applied.append(before - float(w))
+        applied.append(before - float(w.detach()))
     np.testing.assert_allclose(applied, curve, rtol=1e-9)
 
 
