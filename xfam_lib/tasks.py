@@ -203,3 +203,28 @@ class LaggedTopicLanguage:
         rule_hit = tokens[:, self.lag:] == self.perm[tokens[:, : -self.lag]]
         p[:, self.lag:] = (1 - self.p_rule) * p[:, self.lag:] + self.p_rule * rule_hit.double()
         return tokens.to(device), p.log().to(device)
+
+
+# ----------------------------------------------------------------------------- Chapter 6 tasks (M6.3)
+__all__ += ["parity_task"]
+
+
+def parity_task(batch: int, n_bits: int, *, min_nonzero: int = 1, generator: torch.Generator | None = None,
+                device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Graves's (2016) parity vectors: ``(x (batch, n_bits) float, target (batch,) long, n_nonzero (batch,) long)``.
+
+    Each row draws a difficulty ``k`` uniformly from ``min_nonzero .. n_bits``, sets ``k`` random
+    entries to +1 or -1 (each with probability 1/2) and the rest to 0; the target is 1 when the
+    number of +1 entries is odd, else 0. ``n_nonzero`` returns ``k``, the difficulty.
+    """
+    check_positive_int("batch", batch)
+    check_positive_int("n_bits", n_bits)
+    check_positive_int("min_nonzero", min_nonzero)
+    if min_nonzero > n_bits:
+        raise ValueError(f"min_nonzero={min_nonzero} exceeds n_bits={n_bits}")
+    k = torch.randint(min_nonzero, n_bits + 1, (batch,), generator=generator)
+    signs = torch.randint(0, 2, (batch, n_bits), generator=generator) * 2 - 1
+    chosen = torch.rand(batch, n_bits, generator=generator).argsort(-1) < k[:, None]   # k random entries per row
+    x = (signs * chosen).float()
+    target = (x == 1).sum(-1) % 2
+    return x.to(device), target.to(device), k.to(device)
