@@ -240,17 +240,21 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
 
 
 # ----------------------------------------------------------------------------- gated linear attention (M8.13)
-def _decay_scores(q, k, b):
-    """Causal log-space scores ``P[i, j] = sum_f q_if k_jf exp(b_if - b_jf)`` for ``i >= j``, else 0.
+def _decay_scores(q, k, log_g):
+    """Causal log-space scores ``P[i, j] = sum_f q_if k_jf exp(sum_{j<t<=i} log_g_tf)`` for ``i >= j``, else 0.
 
-    ``b (..., T, d_k)`` are cumulative sums of the log gates. Inside the mask ``b_i - b_j`` is the sum
-    of the gates ``j+1 .. i``, which is <= 0: ``exp`` only ever sees non-positive numbers, and the
-    masked entries become ``exp(-inf) = 0`` (zero gradient too).
+    The log decay from key ``j`` to query ``i`` is summed directly over its own terms (a masked
+    cumulative sum, the "segment sum"), not taken as a difference ``b_i - b_j`` of running sums:
+    over a long sequence those reach hundreds, and their fp32 difference loses digits. ``exp`` only
+    sees non-positive numbers; masked entries become ``exp(-inf) = 0`` (zero gradient too).
     """
-    mask = _causal(q.shape[-2], q.device)
-    log_decay = b.unsqueeze(-2) - b.unsqueeze(-3)                    # (..., T, T, d_k): [i, j] = b_i - b_j
-    decay = log_decay.masked_fill(~mask.unsqueeze(-1), float("-inf")).exp()
-    return (q.unsqueeze(-2) * k.unsqueeze(-3) * decay).sum(-1)       # (..., T, T)
+    length = q.shape[-2]
+    mask = _causal(length, q.device)
+    strict = torch.ones(length, length, dtype=torch.bool, device=q.device).tril(-1)      # j < i
+    terms = log_g.unsqueeze(-2).expand(*log_g.shape[:-1], length, log_g.shape[-1])       # [i, j] = log_g_i
+    log_decay = terms.masked_fill(~strict.unsqueeze(-1), 0.0).cumsum(-3)                 # sum over j < t <= i
+    decay = log_decay.masked_fill(~mask.unsqueeze(-1), float("-inf")).exp()             # (..., T, T, d_k)
+    return (q.unsqueeze(-2) * k.unsqueeze(-3) * decay).sum(-1)                          # (..., T, T)
 
 
 def _gla_recurrent(q, k, v, log_g, state):
@@ -264,11 +268,11 @@ def _gla_recurrent(q, k, v, log_g, state):
 
 
 def _gla_parallel(q, k, v, log_g, state):
-    """Log-space parallel form: ``O = P V + (Q * exp(b)) S_0`` with ``b = cumsum(log_g)``."""
-    b = log_g.cumsum(-2)                                             # (..., L, d_k), non-increasing
-    out = _decay_scores(q, k, b) @ v + (q * b.exp()) @ state
-    b_end = b[..., -1:, :]                                           # total log decay over the sequence
-    final = (k * (b_end - b).exp()).transpose(-2, -1) @ v + b_end.transpose(-2, -1).exp() * state
+    """Log-space parallel form: ``O = P V + (Q * exp(b)) S_0`` with ``b = cumsum(log_g)``; ``P`` from `_decay_scores`."""
+    b = log_g.cumsum(-2)                                             # (..., L, d_k): decay from the start to i
+    out = _decay_scores(q, k, log_g) @ v + (q * b.exp()) @ state
+    after = log_g.flip(-2).cumsum(-2).flip(-2) - log_g               # decay from j to the end, summed directly
+    final = (k * after.exp()).transpose(-2, -1) @ v + b[..., -1:, :].transpose(-2, -1).exp() * state
     return out, final
 
 
@@ -282,7 +286,7 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int):
     chunk_size = min(chunk_size, length)
     qc, kc, vc, gc = (_to_chunks(x, chunk_size) for x in (q, k, v, log_g))   # (..., n, C, d)
     b = gc.cumsum(-2)                                                # log decay from chunk start to i
-    intra = _decay_scores(qc, kc, b) @ vc                            # (..., n, C, d_v)
+    intra = _decay_scores(qc, kc, gc) @ vc                           # (..., n, C, d_v)
     b_end = b[..., -1:, :]                                           # (..., n, 1, d_k): whole-chunk decay
     q_in = qc * b.exp()                                              # query reads the entering state decayed to i
     k_out = kc * (b_end - b).exp()                                   # key j decayed to the chunk end
