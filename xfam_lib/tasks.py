@@ -164,6 +164,26 @@ def seen_before(batch: int, length: int, vocab: int, *, generator: torch.Generat
     return ids, earlier.any(dim=-1).long()
 
 
+def delayed_copy(batch: int, length: int, vocab: int, delay: int, *, generator: torch.Generator | None = None,
+                 device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Long-range copy for memory models (M5.1): ``ids (batch, length)``, ``targets (batch, length)``.
+
+    At position ``i`` the model must output the token it read ``delay`` steps earlier:
+    ``targets[b, i] = ids[b, i - delay]``, and ``PAD`` (nothing to predict) for ``i < delay``. A model
+    that sees fewer than ``delay + 1`` tokens back is at chance, ``1 / (vocab - N_SPECIAL)``.
+    """
+    ids = _tokens(batch, length, vocab, generator, device)
+    check_positive_int("delay", delay)
+    if delay >= length:
+        raise ValueError(f"delay must be below length={length}, got {delay}")
+    targets = torch.full_like(ids, PAD)
+    targets[:, delay:] = ids[:, :-delay]
+    return ids, targets
+
+
+__all__ += ["delayed_copy"]
+
+
 class LaggedTopicLanguage:
     """A synthetic language with short- and long-range structure, for train-short/test-long experiments.
 
