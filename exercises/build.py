@@ -6,12 +6,19 @@ writes
 * ``exercises/chNN/student/``: the student notebook and its **public** tests (committed, so
   that Colab can open the notebook straight from GitHub);
 * ``_build/exercises/chNN/autograder/chNN_exercises-autograder.zip``: the autograder with the
-  public **and hidden** tests, for ``exercises/grade.py`` and ``otter run``.
+  public **and hidden** tests. It is self-sufficient: ``otter_config.json`` names the grading
+  plugin `xfam_lib.grading.OtterJudge` with this chapter's off-limits names, the zip carries the
+  ``xfam_lib`` wheel of this checkout, and ``environment.yml`` / ``requirements.txt`` pin CPU
+  torch, that wheel and otter-grader, so ``otter grade`` and Gradescope build it unchanged.
 
-Before assigning, it checks the master's grading policy (`validate_master`) and makes its first
-cell the canonical setup cell (`setup_cell_source`). In the student notebook otter's unpinned
-``%pip install otter-grader`` cell is dropped: the setup cell installs the pinned otter-grader
-and ``xfam_lib`` on Colab and fetches that chapter's public tests from the repository.
+Before assigning, it checks the master's grading policy (`validate_master`), makes its first
+cell the canonical setup cell (`setup_cell_source`) and gives it Colab's GPU metadata. After
+assigning, the judge collects every test once (`xfam_lib.grading.Judge`), which proves that each
+check builds its cases and its reference. In the student notebook otter's unpinned
+``%pip install otter-grader`` cell is dropped (the setup cell installs the pinned one and
+``xfam_lib`` at the book's release, and fetches the public tests of that release), otter's init
+cell uses `xfam_lib.grading.otter_notebook` (failure messages without otter's traceback
+header), and links to the chapter point at the chapter on GitHub at the release.
 
 Usage: ``python exercises/build.py [ch01 ...]`` (default: every chapter). ``make exercises`` runs it.
 """
@@ -20,13 +27,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib.util
 import io
 import json
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,11 +47,19 @@ EXERCISES = ROOT / "exercises"
 BUILD = ROOT / "_build" / "exercises"
 OTTER_PIP_CELL = "%pip install -q otter-grader"
 OTTER_INIT_PREFIX = "# Initialize Otter"
+INIT_SOURCE = f"{OTTER_INIT_PREFIX}\nfrom xfam_lib.grading import otter_notebook\ngrader = otter_notebook()"
+OTTER_CHECK_ALL_TEXT = "To double-check your work, the cell below will rerun all of the autograder tests."
+CHECK_ALL_TEXT = ("To double-check your work, the cell below re-runs every **public** test of this notebook. The "
+                  "hidden tests, which give the points, run only when your instructor grades.")
 SETUP_TAG = "hide-cell"
+COLAB_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4", "provenance": []}}
+PLUGIN = "xfam_lib.grading.OtterJudge"
+TORCH_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
+WHEEL_DEPENDENCIES = ("torch", "numpy", "matplotlib", "ipywidgets", "tqdm")   # pyproject's, pinned from the lock
 VOLATILE = {".OTTER_LOG", "__pycache__", ".ipynb_checkpoints"}   # made by running a notebook, never generated
 
 
-# ----------------------------------------------------------------------------- chapters and the setup cell
+# ----------------------------------------------------------------------------- chapters, release, setup cell
 def chapters() -> list[str]:
     """Chapter names (``ch01``, ...) that have a master notebook ``exercises/chNN/chNN_exercises.ipynb``."""
     return sorted(p.parent.name for p in EXERCISES.glob("ch[0-9][0-9]/ch[0-9][0-9]_exercises.ipynb")
@@ -56,69 +74,89 @@ def autograder_zip(chapter: str, build_dir: Path = BUILD) -> Path:
     return build_dir / chapter / "autograder" / f"{chapter}_exercises-autograder.zip"
 
 
-def _config_value(key: str) -> str:
-    """``repository: <key>:`` from ``_config.yml`` (a regex, like scripts/setup_cell.py)."""
-    text = (ROOT / "_config.yml").read_text(encoding="utf-8")
-    block = re.search(r"^repository:\s*\n((?:[ \t]+.*\n?)+)", text, flags=re.M)
-    match = block and re.search(rf"^\s+{key}:\s*(\S+)", block.group(1), flags=re.M)
-    if not match:
-        raise SystemExit(f"_config.yml has no repository: {key}:")
-    return match.group(1)
+def _setup_cell_module():
+    """scripts/setup_cell.py (the chapters' setup cell and the `_config.yml` repository values)."""
+    name = "xfam_setup_cell"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "setup_cell.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def repository_url() -> str:
+    return _setup_cell_module().repository_url()
+
+
+def release() -> str:
+    """The tag the book is built from (``repository: release:`` in `_config.yml`)."""
+    return _setup_cell_module().release()
+
+
+def _pin(package: str, path: Path) -> str:
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if re.match(rf"{re.escape(package)}==", line.strip(), flags=re.I):
+            return line.split("#")[0].strip()
+    raise SystemExit(f"{path.name} does not pin {package}")
 
 
 def otter_requirement() -> str:
     """The pinned ``otter-grader==X`` line of requirements-grading.txt."""
-    for line in (ROOT / "requirements-grading.txt").read_text(encoding="utf-8").splitlines():
-        if line.strip().startswith("otter-grader=="):
-            return line.split("#")[0].strip()
-    raise SystemExit("requirements-grading.txt does not pin otter-grader")
+    return _pin("otter-grader", ROOT / "requirements-grading.txt")
 
 
 def setup_cell_source(chapter: str) -> str:
     """The first cell of a chapter's exercise notebooks.
 
-    The chapters' canonical setup cell (scripts/setup_cell.py) with the pinned otter-grader added
-    to its Colab install line, then, on Colab only, a sparse shallow clone of the repository
-    that copies just ``exercises/<chapter>/student/tests`` to ``./tests`` (otter looks there).
+    The chapters' canonical setup cell (scripts/setup_cell.py, which installs ``xfam_lib`` at the
+    release) with the pinned otter-grader added to its Colab install line, then, on Colab only, a
+    sparse shallow clone of the repository at the release that copies just
+    ``exercises/<chapter>/student/tests`` to ``./tests`` (otter looks there).
     """
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from setup_cell import setup_cell_source as chapter_setup_cell
-    finally:
-        sys.path.pop(0)
     tests = f"exercises/{chapter}/student/tests"
     fetch = (
         "\n"
         "import os\n"
         "if \"google.colab\" in sys.modules and not os.path.isdir(\"tests\"):\n"
-        "    # Colab: fetch this chapter's public tests (and nothing else) from the book's repository\n"
+        "    # Colab: fetch this chapter's public tests (and nothing else) at the book's release\n"
         "    import shutil, subprocess, tempfile\n"
         "    repo = tempfile.mkdtemp()\n"
-        f"    subprocess.run([\"git\", \"clone\", \"--quiet\", \"--depth\", \"1\", \"--branch\", \"{_config_value('branch')}\",\n"
-        f"                    \"--filter=blob:none\", \"--sparse\", \"{_config_value('url')}\", repo], check=True)\n"
+        f"    subprocess.run([\"git\", \"clone\", \"--quiet\", \"--depth\", \"1\", \"--branch\", \"{release()}\",\n"
+        f"                    \"--filter=blob:none\", \"--sparse\", \"{repository_url()}\", repo], check=True)\n"
         f"    subprocess.run([\"git\", \"-C\", repo, \"sparse-checkout\", \"set\", \"{tests}\"], check=True)\n"
         f"    shutil.copytree(os.path.join(repo, \"{tests}\"), \"tests\")"
     )
-    return chapter_setup_cell(extra_pip=f'"{otter_requirement()}"') + fetch
+    return _setup_cell_module().setup_cell_source(extra_pip=f'"{otter_requirement()}"') + fetch
 
 
-def fix_setup_cell(master: Path, chapter: str) -> bool:
-    """Make the master's first cell the canonical setup cell; True if the file changed."""
+def chapter_url(notebook: str) -> str:
+    """The chapter notebook on GitHub at the release (the book has no published HTML address)."""
+    return f"{repository_url()}/blob/{release()}/chapters/{notebook}"
+
+
+def fix_master(master: Path, chapter: str) -> bool:
+    """Make the master's first cell the canonical setup cell and give it Colab's GPU metadata; True if changed."""
     nb = nbformat.read(master, as_version=4)
     source = setup_cell_source(chapter)
     first = nb.cells[0] if nb.cells else None
-    if first is not None and first.cell_type == "code" and first.source == source \
-            and SETUP_TAG in first.metadata.get("tags", []):
-        return False
-    cell = nbformat.v4.new_code_cell(source, metadata={"tags": [SETUP_TAG]})
-    if first is not None and first.cell_type == "code" and ("google.colab" in first.source
-                                                             or first.source.startswith("# setup cell")):
-        cell["id"] = first.get("id", cell["id"])
-        nb.cells[0] = cell
-    else:
-        nb.cells.insert(0, cell)
-    nbformat.write(nb, master)
-    return True
+    changed = False
+    if not (first is not None and first.cell_type == "code" and first.source == source
+            and SETUP_TAG in first.metadata.get("tags", [])):
+        cell = nbformat.v4.new_code_cell(source, metadata={"tags": [SETUP_TAG]})
+        if first is not None and first.cell_type == "code" and ("google.colab" in first.source
+                                                                 or first.source.startswith("# Setup")):
+            cell["id"] = first.get("id", cell["id"])
+            nb.cells[0] = cell
+        else:
+            nb.cells.insert(0, cell)
+        changed = True
+    if any(nb.metadata.get(k) != v for k, v in COLAB_METADATA.items()):
+        nb.metadata.update(COLAB_METADATA)
+        changed = True
+    if changed:
+        nbformat.write(nb, master)
+    return changed
 
 
 # ----------------------------------------------------------------------------- reading a master notebook
@@ -127,14 +165,22 @@ class TestCell:
     source: str
     hidden: bool
     function: str
+    params: list[str]
 
 
 @dataclass
 class Question:
     name: str
     points: object
-    answers: list[str] = field(default_factory=list)     # code cells of the solution blocks
+    off_limits: list[str] = field(default_factory=list)
+    prompt: str = ""                                      # the question's Markdown cells
+    answers: list[str] = field(default_factory=list)      # code cells of the solution blocks
     tests: list[TestCell] = field(default_factory=list)
+
+    @property
+    def group(self) -> str:
+        """The numbered question a part belongs to: ``q1a`` -> ``q1``."""
+        return re.match(r"q\d+", self.name).group(0)
 
 
 def _marker(cell) -> str | None:
@@ -147,9 +193,10 @@ def _marker(cell) -> str | None:
 
 
 def parse_master(master: Path) -> list[Question]:
-    """The questions of a master notebook: name, points, answer cells and test cells."""
-    import yaml
+    """The questions (one per otter question, i.e. per graded part) of a master notebook."""
     import ast
+
+    import yaml
 
     nb = nbformat.read(master, as_version=4)
     questions: list[Question] = []
@@ -158,39 +205,32 @@ def parse_master(master: Path) -> list[Question]:
         marker = _marker(cell)
         if marker == "begin question":
             config = yaml.safe_load("\n".join(cell.source.splitlines()[1:])) or {}
-            questions.append(Question(config["name"], config.get("points")))
+            questions.append(Question(config["name"], config.get("points"), list(config.get("off_limits") or [])))
             block = ["question"]
         elif marker and marker.startswith("begin"):
             block.append(marker.split()[1])
         elif marker and marker.startswith("end"):
             block.pop()
+        elif cell.cell_type == "markdown" and block == ["question"]:
+            questions[-1].prompt += cell.source + "\n"
         elif cell.cell_type == "code" and block[-1:] == ["solution"]:
             questions[-1].answers.append(cell.source)
         elif cell.cell_type == "code" and block[-1:] == ["tests"]:
             first = cell.source.lstrip().splitlines()[0] if cell.source.strip() else ""
-            functions = [n.name for n in ast.parse(cell.source).body if isinstance(n, ast.FunctionDef)]
+            functions = [n for n in ast.parse(cell.source).body if isinstance(n, ast.FunctionDef)]
             questions[-1].tests.append(TestCell(cell.source, bool(re.match(r"#\s*hidden\b", first, flags=re.I)),
-                                                functions[0] if functions else ""))
+                                                functions[0].name if functions else "",
+                                                [a.arg for a in functions[0].args.args] if functions else []))
     return questions
 
 
 def program_cells(notebook, chapter: str) -> list[str]:
-    """The code cells that make up a notebook's answers, in order: no setup, otter or test cells.
+    """The code cells that make up a notebook's answers, in order: no setup, otter or test cells."""
+    from xfam_lib.grading import notebook_code_cells
 
-    ``notebook`` is a path or a notebook object. Works for a master (test blocks skipped) and for
-    a student or submitted notebook (otter's init and ``grader.check`` cells skipped).
-    """
     nb = notebook if isinstance(notebook, nbformat.NotebookNode) else nbformat.read(notebook, as_version=4)
-    setup, cells, block = setup_cell_source(chapter), [], []
-    for cell in nb.cells:
-        marker = _marker(cell)
-        if marker:
-            block = block + [marker.split()[1]] if marker.startswith("begin") else block[:-1]
-        elif (cell.cell_type == "code" and block[-1:] != ["tests"] and cell.source != setup
-              and not cell.source.startswith(OTTER_INIT_PREFIX)
-              and not re.fullmatch(r"\s*grader\.check(_all)?\([^)]*\)\s*", cell.source)):
-            cells.append(cell.source)
-    return cells
+    setup = setup_cell_source(chapter)
+    return [c for c in notebook_code_cells(nb) if c != setup]
 
 
 def answer_names(question: Question) -> list[str]:
@@ -206,19 +246,35 @@ def answer_names(question: Question) -> list[str]:
 def validate_master(master: Path) -> list[Question]:
     """Check the grading policy of a master notebook; raise ``ValueError`` listing every problem.
 
-    Every question has a points list with one entry per test cell; public tests are worth 0
-    (they run in the student's kernel and can be fooled); hidden tests are worth > 0 and judge
-    through ``check_cases`` in the isolated oracle; test function names are unique.
+    Every question (one per graded part, named ``q1``, ``q1a``, ...) has a points list with one
+    entry per test cell; public tests are worth 0 (they run in the student's kernel and only give
+    feedback); hidden tests are worth > 0; every test calls ``check_cases`` and takes only names
+    its own part's answer defines (so a stub in another part cannot cost it points); test function
+    names are unique; every ``off_limits`` name imports and is named in the question's text.
     """
-    problems, seen = [], set()
+    from xfam_lib.grading import resolve_live
+
+    problems, seen, names = [], set(), set()
     questions = parse_master(master)
     if not questions:
         problems.append("no questions")
     for q in questions:
+        if not re.fullmatch(r"q\d+[a-z]?", q.name) or q.name in names:
+            problems.append(f"{q.name}: question names are q1, q2, ... or q1a, q1b, ... and unique")
+        names.add(q.name)
         if not q.answers:
             problems.append(f"{q.name}: no answer cell between BEGIN SOLUTION and END SOLUTION")
         if not any(t.hidden for t in q.tests) or not any(not t.hidden for t in q.tests):
             problems.append(f"{q.name}: needs at least one public and one hidden test cell")
+        defined = set(answer_names(q))
+        for name in q.off_limits:
+            try:
+                resolve_live(name)
+            except Exception as exc:
+                problems.append(f"{q.name}: off_limits name {name} does not import ({type(exc).__name__})")
+            parts = name.split(".")
+            if not any(f"`{'.'.join(parts[i:])}`" in q.prompt for i in range(len(parts))):
+                problems.append(f"{q.name}: the question's text does not name its off-limits {name}")
         if not isinstance(q.points, list) or len(q.points) != len(q.tests):
             problems.append(f"{q.name}: points must be a list with one value per test cell "
                             f"({len(q.tests)} cells), got {q.points!r}")
@@ -226,21 +282,31 @@ def validate_master(master: Path) -> list[Question]:
         for test, pts in zip(q.tests, q.points):
             if not test.function:
                 problems.append(f"{q.name}: a test cell defines no test function")
-            elif test.function in seen:
+                continue
+            if test.function in seen:
                 problems.append(f"{q.name}: test function {test.function} is defined twice")
             seen.add(test.function)
             if test.hidden and not pts > 0:
                 problems.append(f"{q.name}: hidden test {test.function} must be worth > 0 points, got {pts}")
             if not test.hidden and pts != 0:
                 problems.append(f"{q.name}: public test {test.function} must be worth 0 points, got {pts}")
-            if test.hidden and ("check_cases(" not in test.source or "isolated=False" in test.source):
-                problems.append(f"{q.name}: hidden test {test.function} must judge with check_cases (isolated)")
+            if "check_cases(" not in test.source:
+                problems.append(f"{q.name}: test {test.function} must judge with check_cases")
+            if not set(test.params) <= defined:
+                problems.append(f"{q.name}: test {test.function} takes {sorted(set(test.params) - defined)}, which "
+                                f"this part's answer does not define")
     if problems:
         raise ValueError(f"{master}: " + "; ".join(problems))
     return questions
 
 
-# ----------------------------------------------------------------------------- building
+def judge_config(chapter: str, questions: list[Question]) -> dict:
+    """The grading plugin's configuration in the autograder's ``otter_config.json``."""
+    return {"chapter": chapter, "release": release(), "setup_cell": setup_cell_source(chapter),
+            "off_limits": {q.name: q.off_limits for q in questions if q.off_limits}}
+
+
+# ----------------------------------------------------------------------------- the student notebook
 def _cell_ids(nb) -> None:
     """Deterministic cell ids (a hash of type and source; repeats get a suffix), so rebuilds do not churn."""
     seen: dict[str, int] = {}
@@ -251,7 +317,7 @@ def _cell_ids(nb) -> None:
 
 
 def _student_notebook(path: Path, setup_source: str):
-    """otter's student notebook with the pip cell dropped, setup cell first, no outputs, stable ids."""
+    """otter's student notebook, finished: setup cell first, our init cell, honest texts, release links."""
     nb = nbformat.read(path, as_version=4)
     cells = [c for c in nb.cells if not (c.cell_type == "code" and c.source.strip() == OTTER_PIP_CELL)]
     setup = [c for c in cells if c.cell_type == "code" and c.source == setup_source]
@@ -260,15 +326,80 @@ def _student_notebook(path: Path, setup_source: str):
     cells = setup + [c for c in cells if c is not setup[0]]
     if not cells[1].source.startswith(OTTER_INIT_PREFIX):
         raise RuntimeError(f"{path}: otter's init cell should follow the setup cell")
+    cells[1].source = INIT_SOURCE
     for cell in cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+        elif cell.cell_type == "markdown":
+            cell.source = cell.source.replace(OTTER_CHECK_ALL_TEXT, CHECK_ALL_TEXT)
+            cell.source = re.sub(r"\]\(\.\./\.\./chapters/([\w.-]+\.ipynb)\)",
+                                 lambda m: f"]({chapter_url(m.group(1))})", cell.source)
     nb.cells = cells
     nb.metadata.pop("jupytext", None)
+    nb.metadata.update(COLAB_METADATA)
     _cell_ids(nb)
     return nb
 
 
+# ----------------------------------------------------------------------------- the autograder zip
+_WHEELS: dict[str, Path] = {}
+
+
+def xfam_lib_wheel() -> Path:
+    """A wheel of this checkout's ``xfam_lib`` (built once per source state, outside the repository)."""
+    files = sorted((ROOT / "xfam_lib").glob("*.py")) + [ROOT / "pyproject.toml"]
+    digest = hashlib.sha1(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()[:12]
+    if digest not in _WHEELS:
+        out = Path(tempfile.mkdtemp(prefix="xfam_wheel_"))
+        with tempfile.TemporaryDirectory(prefix="xfam_wheel_src_") as tmp:
+            src = Path(tmp)
+            shutil.copytree(ROOT / "xfam_lib", src / "xfam_lib", ignore=shutil.ignore_patterns("__pycache__"))
+            for name in ("pyproject.toml", "README.md", "LICENSE", "LICENSE-TEXT"):
+                if (ROOT / name).exists():
+                    shutil.copy2(ROOT / name, src / name)
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "--wheel-dir", str(out), str(src)], check=True, capture_output=True)
+        wheels = list(out.glob("xfam_lib-*.whl"))
+        if len(wheels) != 1:
+            raise RuntimeError(f"pip wheel made {len(wheels)} xfam_lib wheels")
+        _WHEELS[digest] = wheels[0]
+    return _WHEELS[digest]
+
+
+def grading_requirements(wheel: str) -> list[str]:
+    """The autograder's Python packages: CPU torch and xfam_lib's other dependencies pinned, the wheel, otter."""
+    lock = ROOT / "requirements-lock.txt"
+    return [TORCH_INDEX, otter_requirement(), *(_pin(p, lock) for p in WHEEL_DEPENDENCIES), wheel]
+
+
+def _finish_zip(zip_path: Path, autograder_dir: Path, config: dict) -> None:
+    """Add the plugin, the pinned requirements and the xfam_lib wheel to otter's autograder zip."""
+    import yaml
+
+    wheel = xfam_lib_wheel()
+    with zipfile.ZipFile(zip_path) as zf:
+        files = {name: zf.read(name) for name in zf.namelist()}
+    otter_config = json.loads(files["otter_config.json"])
+    otter_config["plugins"] = [{PLUGIN: config}]
+    files["otter_config.json"] = json.dumps(otter_config, indent=2).encode()
+    (autograder_dir / "otter_config.json").write_bytes(files["otter_config.json"])
+    environment = yaml.safe_load(files["environment.yml"])
+    pip = next(d for d in environment["dependencies"] if isinstance(d, dict) and "pip" in d)
+    pip["pip"] = [r for r in pip["pip"] if r.startswith("otter-grader")] + \
+        [r for r in grading_requirements(f"/autograder/source/{wheel.name}") if not r.startswith("otter-grader")]
+    files["environment.yml"] = yaml.safe_dump(environment, sort_keys=False).encode()
+    files["requirements.txt"] = ("# What environment.yml installs (otter grade and Gradescope build from that file).\n"
+                                 "# For a plain venv, run pip in the unzipped folder: pip install -r requirements.txt\n"
+                                 + "\n".join(grading_requirements(f"./{wheel.name}")) + "\n").encode()
+    files[wheel.name] = wheel.read_bytes()
+    tmp = zip_path.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    tmp.replace(zip_path)
+
+
+# ----------------------------------------------------------------------------- building
 @dataclass
 class Built:
     chapter: str
@@ -279,15 +410,17 @@ class Built:
 
 
 def assign(chapter: str, out_dir: Path, master: Path | None = None) -> Built:
-    """Run ``otter assign`` on a chapter's master into ``out_dir``; post-process the student notebook.
+    """Run ``otter assign`` on a chapter's master into ``out_dir``, finish the outputs, collect every check.
 
     ``out_dir/student`` and ``out_dir/autograder`` are otter's output folders; nothing in the
     repository is touched.
     """
     from otter.assign import main as otter_assign
 
+    from xfam_lib.grading import Judge
+
     master = master or master_path(chapter)
-    validate_master(master)
+    questions = validate_master(master)
     setup_source = setup_cell_source(chapter)
     first = nbformat.read(master, as_version=4).cells[0]
     if first.source != setup_source:
@@ -302,14 +435,17 @@ def assign(chapter: str, out_dir: Path, master: Path | None = None) -> Built:
     if len(zips) != 1:
         raise RuntimeError(f"otter assign made {len(zips)} autograder zips in {out_dir / 'autograder'}")
     zip_path = zips[0].rename(out_dir / "autograder" / f"{chapter}_exercises-autograder.zip")
+    config = judge_config(chapter, questions)
+    _finish_zip(zip_path, out_dir / "autograder", config)
+    Judge(out_dir / "autograder" / "tests", config, isolation="basic")   # every check builds its cases and reference
     return Built(chapter, out_dir / "student", out_dir / "autograder", zip_path, time.perf_counter() - start)
 
 
 def build(chapter: str, *, write_student: bool = True, build_dir: Path = BUILD) -> Built:
-    """Fix the master's setup cell, assign, and install the outputs in the repository and ``build_dir``."""
+    """Fix the master, assign, and install the outputs in the repository and ``build_dir``."""
     master = master_path(chapter)
-    if fix_setup_cell(master, chapter):
-        print(f"  updated the setup cell of {master.relative_to(ROOT)}")
+    if fix_master(master, chapter):
+        print(f"  updated the setup cell or metadata of {master.relative_to(ROOT)}")
     with tempfile.TemporaryDirectory(prefix=f"xfam_{chapter}_") as tmp:
         built = assign(chapter, Path(tmp) / "out", master)
         zip_target = autograder_zip(chapter, build_dir)
@@ -332,7 +468,7 @@ def normalized_notebook(path: Path) -> dict:
         source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
         meta = {k: v for k, v in cell.get("metadata", {}).items() if k in ("tags", "editable", "deletable", "otter")}
         cells.append({"cell_type": cell["cell_type"], "source": source, "metadata": meta})
-    meta = {k: v for k, v in nb.get("metadata", {}).items() if k in ("kernelspec", "otter")}
+    meta = {k: v for k, v in nb.get("metadata", {}).items() if k in ("kernelspec", "otter", *COLAB_METADATA)}
     return {"cells": cells, "metadata": meta}
 
 
@@ -364,8 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     for chapter in wanted:
         built = build(chapter)
         public = sorted(p.name for p in (built.student_dir / "tests").glob("*.py"))
-        print(f"{chapter}: otter assign {built.seconds:.1f} s; student notebook and {len(public)} public test "
-              f"files in {built.student_dir.relative_to(ROOT)}; autograder {built.zip_path.relative_to(ROOT)}")
+        print(f"{chapter}: otter assign and checks {built.seconds:.1f} s; student notebook and {len(public)} public "
+              f"test files in {built.student_dir.relative_to(ROOT)}; autograder {built.zip_path.relative_to(ROOT)}")
     return 0
 
 

@@ -1,13 +1,12 @@
 """Deliberately wrong answers to the Chapter 2 exercises, used by tests/test_exercises.py.
 
-``WRONG_ANSWERS[question][variant] = (replacements, keyword)``: ``replacements`` maps the names a
-question's answer defines to wrong implementations; the question's hidden tests must all fail on
-them (zero points) with messages of which at least one contains ``keyword``. ``TAMPER_BASE``
-names the variant that the tampering checks combine with patched comparison functions (wrong
-values of the right shape, the case a broken comparison would let through).
-
-The tests add two generic variants to every question themselves (an exception and an endless
-loop), so they are not listed here.
+``WRONG_ANSWERS[part][variant] = (replacements, keyword)``: ``replacements`` maps the names a
+part's answer defines to wrong implementations. Each must fail the part's **public** tests (every
+requirement a question states is in a public check) and all its hidden tests (zero points),
+with messages of which at least one contains ``keyword``. ``TAMPER_BASE`` names the variant
+the tampering checks use (wrong values of the right shape, what a broken comparison would let
+through). The tests add two generic variants to every part themselves (an exception and an
+endless loop), so they are not listed here.
 """
 import math
 
@@ -17,23 +16,19 @@ from torch import nn
 TAMPER_BASE = "off_by_one"
 
 
-# ----------------------------------------------------------------------------- q1: sdpa + misplaced_weights
-def _sdpa(q, k, v, mask=None, *, scale=None, fix_empty_rows=True):
+# ----------------------------------------------------------------------------- q1a: sdpa
+def _sdpa(q, k, v, mask=None, *, scale=None, fix_empty_rows=True, shift=True):
     scores = q @ k.transpose(-2, -1) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     if not fix_empty_rows:
         weights = torch.softmax(scores, dim=-1)                   # an all-masked row becomes 0/0 = NaN
         return weights @ v, weights
-    m = scores.amax(-1, keepdim=True)
+    m = scores.amax(-1, keepdim=True) if shift else torch.zeros_like(scores[..., :1])
     e = torch.exp(scores - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
     total = e.sum(-1, keepdim=True)
     weights = e / torch.where(total > 0, total, torch.ones_like(total))
     return weights @ v, weights
-
-
-def misplaced(q, k):
-    return torch.softmax(q @ k.transpose(-2, -1), -1) / math.sqrt(q.shape[-1])
 
 
 def sdpa_wrong_shape(q, k, v, mask=None):
@@ -53,16 +48,25 @@ def sdpa_mask_inverted(q, k, v, mask=None):
     return _sdpa(q, k, v, None if mask is None else ~mask)        # True = ignore
 
 
+def sdpa_no_max_shift(q, k, v, mask=None):
+    return _sdpa(q, k, v, mask, shift=False)                      # exp of large scores overflows
+
+
+# ----------------------------------------------------------------------------- q1b: misplaced_weights
 def misplaced_but_normalised(q, k):
     return torch.softmax(q @ k.transpose(-2, -1), -1)             # "fixes" the formula: rows sum to 1
 
 
-# ----------------------------------------------------------------------------- q2: equivariance_error + PooledReadout
-def equivariance_error(f, x, perm):
-    with torch.no_grad():
-        return float((f(x[:, perm]) - f(x)[:, perm]).abs().max())
+def misplaced_overflows(q, k):
+    e = torch.exp(q @ k.transpose(-2, -1))                        # no shift: inf / inf for large scores
+    return e / (math.sqrt(q.shape[-1]) * e.sum(-1, keepdim=True))
 
 
+def misplaced_scale_by_d(q, k):
+    return torch.softmax(q @ k.transpose(-2, -1), -1) / q.shape[-1]
+
+
+# ----------------------------------------------------------------------------- q2a: equivariance_error
 def error_nan(f, x, perm):
     return float("nan")
 
@@ -72,31 +76,32 @@ def error_of_invariance(f, x, perm):
         return float((f(x[:, perm]) - f(x)).abs().max())          # compares with the unshuffled output
 
 
-class Readout(nn.Module):
+def error_inverse_permutation(f, x, perm):
+    with torch.no_grad():
+        return float((f(x[:, perm]) - f(x)[:, torch.argsort(perm)]).abs().max())
+
+
+# ----------------------------------------------------------------------------- q2b: PooledReadout
+class ReadoutWrongShape(nn.Module):
     def __init__(self, body):
         super().__init__()
         self.body = body
 
     def forward(self, x):
-        return self.body(x).mean(dim=1)
-
-
-class ReadoutWrongShape(Readout):
-    def forward(self, x):
         return self.body(x)                                        # no pooling: (B, L, d_out)
 
 
-class ReadoutOffByOne(Readout):
+class ReadoutOffByOne(ReadoutWrongShape):
     def forward(self, x):
-        return self.body(x).sum(dim=1) / (x.shape[1] - 1)          # divides by L - 1
+        return self.body(x).sum(dim=1) / max(x.shape[1] - 1, 1)    # divides by L - 1
 
 
-class ReadoutFirstToken(Readout):
+class ReadoutFirstToken(ReadoutWrongShape):
     def forward(self, x):
         return self.body(x)[:, 0]                                  # not invariant
 
 
-# ----------------------------------------------------------------------------- q3: mha_loop + mha_reshape
+# ----------------------------------------------------------------------------- q3: mha_loop, mha_reshape
 def _heads(x, W_q, W_k, W_v, b_q, b_k, b_v, n_heads, mask, scale):
     b, length, d = x.shape
     d_h = d // n_heads
@@ -126,6 +131,10 @@ def mha_nan(*args, **kwargs):
 
 def mha_scale_by_d(*args, **kwargs):
     return mha(*args, **kwargs, scale=lambda d, d_h: d ** -0.5)    # 1/sqrt(d) instead of 1/sqrt(d_h)
+
+
+def mha_mask_ignored(x, W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, n_heads, mask=None):
+    return mha(x, W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, n_heads)
 
 
 def mha_input_chunks(x, W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, n_heads, mask=None):
@@ -170,6 +179,21 @@ def normaliser_no_rescale(values):
     return maxes, denominators
 
 
+def normaliser_last_only(values):
+    maxes, denominators = normaliser(values)
+    return maxes[-1:], denominators[-1:]                           # only the final m and d
+
+
+def normaliser_naive(values):
+    m, total, maxes, denominators = float("-inf"), 0.0, [], []
+    for x in values:
+        m = max(m, x)
+        total += float(torch.exp(torch.tensor(x, dtype=torch.float64)))    # e^x itself overflows in the thousands
+        maxes.append(m)
+        denominators.append(total * float(torch.exp(torch.tensor(-m, dtype=torch.float64))))
+    return maxes, denominators
+
+
 def softmax_from(values, normalise=normaliser):
     seen = list(values)
     maxes, denominators = normalise(iter(seen))
@@ -195,6 +219,10 @@ def softmax_two_passes(values):
     return torch.tensor(e, dtype=torch.float64) / max(sum(e), 1e-300)
 
 
+def softmax_float32(values):
+    return softmax_from(values).float()
+
+
 # ----------------------------------------------------------------------------- q5: scores that cannot do the job
 def checks(x, W):
     h = x @ W
@@ -210,6 +238,11 @@ def checks_without_W(x, W):
 def asymmetry(x, W_q, W_k):
     S = (x @ W_q) @ (x @ W_k).T
     return float(torch.linalg.norm(S - S.T))
+
+
+def asymmetry_max_abs(x, W_q, W_k):
+    S = (x @ W_q) @ (x @ W_k).T
+    return float((S - S.T).abs().max())                            # not the Frobenius norm
 
 
 def concat(q, k, w, dim=-1):
@@ -229,54 +262,79 @@ def concat_over_queries(q, k, w):
     return concat(q, k, w, dim=0)                                  # normalises the columns
 
 
-def flops(L, d, d_h):
-    return 2 * L * L * d, 4 * L * d * d_h + 2 * L * L * d_h
+def concat_halves_swapped(q, k, w):
+    d = q.shape[-1]
+    return torch.softmax((q @ w[d:])[:, None] + (k @ w[:d])[None, :], dim=-1)
 
 
 def flops_projection_once(L, d, d_h):
     return 2 * L * L * d, 2 * L * d * d_h + 2 * L * L * d_h        # projects only the queries
 
 
+def flops_multiply_add_as_one(L, d, d_h):
+    return L * L * d, 2 * L * d * d_h + L * L * d_h
+
+
 WRONG_ANSWERS = {
-    "q1": {
-        "wrong_shape": ({"sdpa": sdpa_wrong_shape, "misplaced_weights": misplaced}, "shape"),
-        "nan": ({"sdpa": sdpa_nan, "misplaced_weights": misplaced}, "NaN"),
-        "off_by_one": ({"sdpa": sdpa_scale_by_d, "misplaced_weights": misplaced}, "max abs error"),
-        "mask_inverted": ({"sdpa": sdpa_mask_inverted, "misplaced_weights": misplaced}, "max abs error"),
-        "normalised_misprint": ({"sdpa": _sdpa, "misplaced_weights": misplaced_but_normalised}, "max abs error"),
+    "q1a": {
+        "wrong_shape": ({"sdpa": sdpa_wrong_shape}, "shape"),
+        "nan": ({"sdpa": sdpa_nan}, "NaN"),
+        "off_by_one": ({"sdpa": sdpa_scale_by_d}, "max abs error"),
+        "mask_inverted": ({"sdpa": sdpa_mask_inverted}, "max abs error"),
+        "no_max_shift": ({"sdpa": sdpa_no_max_shift}, "NaN"),
     },
-    "q2": {
-        "wrong_shape": ({"equivariance_error": equivariance_error, "PooledReadout": ReadoutWrongShape}, "shape"),
-        "nan": ({"equivariance_error": error_nan, "PooledReadout": Readout}, "nan"),
-        "off_by_one": ({"equivariance_error": equivariance_error, "PooledReadout": ReadoutOffByOne}, "max abs error"),
-        "first_token": ({"equivariance_error": equivariance_error, "PooledReadout": ReadoutFirstToken},
-                        "max abs error"),
-        "invariance_instead": ({"equivariance_error": error_of_invariance, "PooledReadout": Readout}, "equivariant"),
+    "q1b": {
+        "off_by_one": ({"misplaced_weights": misplaced_scale_by_d}, "max abs error"),
+        "normalised_misprint": ({"misplaced_weights": misplaced_but_normalised}, "max abs error"),
+        "overflows": ({"misplaced_weights": misplaced_overflows}, "NaN"),
     },
-    "q3": {
-        "wrong_shape": ({"mha_loop": mha_wrong_shape, "mha_reshape": mha_wrong_shape}, "shape"),
-        "nan": ({"mha_loop": mha_nan, "mha_reshape": mha_nan}, "NaN"),
-        "off_by_one": ({"mha_loop": mha_scale_by_d, "mha_reshape": mha_scale_by_d}, "max abs error"),
-        "input_chunks": ({"mha_loop": mha_input_chunks, "mha_reshape": mha}, "max abs error"),
-        "reshape_without_transpose": ({"mha_loop": mha, "mha_reshape": mha_reshape_no_transpose}, "max abs error"),
+    "q2a": {
+        "nan": ({"equivariance_error": error_nan}, "nan"),
+        "off_by_one": ({"equivariance_error": error_inverse_permutation}, "equivariant"),
+        "invariance_instead": ({"equivariance_error": error_of_invariance}, "equivariant"),
     },
-    "q4": {
-        "wrong_shape": ({"online_normaliser": normaliser, "online_softmax": softmax_wrong_shape}, "shape"),
-        "nan": ({"online_normaliser": normaliser, "online_softmax": softmax_naive}, "NaN"),
-        "off_by_one": ({"online_normaliser": normaliser_no_rescale, "online_softmax": softmax_no_rescale},
-                       "max abs error"),
-        "two_passes": ({"online_normaliser": normaliser, "online_softmax": softmax_two_passes}, "shape"),
+    "q2b": {
+        "wrong_shape": ({"PooledReadout": ReadoutWrongShape}, "shape"),
+        "off_by_one": ({"PooledReadout": ReadoutOffByOne}, "max abs error"),
+        "first_token": ({"PooledReadout": ReadoutFirstToken}, "max abs error"),
     },
-    "q5": {
-        "wrong_shape": ({"shared_qk_checks": checks, "asymmetry": asymmetry, "linear_concat_weights": concat_transposed,
-                         "score_flops": flops}, "shape"),
-        "nan": ({"shared_qk_checks": checks, "asymmetry": asymmetry, "linear_concat_weights": concat_nan,
-                 "score_flops": flops}, "NaN"),
-        "off_by_one": ({"shared_qk_checks": checks, "asymmetry": asymmetry, "linear_concat_weights": concat,
-                        "score_flops": flops_projection_once}, "off by -"),
-        "softmax_over_queries": ({"shared_qk_checks": checks, "asymmetry": asymmetry,
-                                  "linear_concat_weights": concat_over_queries, "score_flops": flops}, "max abs error"),
-        "checks_without_W": ({"shared_qk_checks": checks_without_W, "asymmetry": asymmetry,
-                              "linear_concat_weights": concat, "score_flops": flops}, "expected True, got False"),
+    "q3a": {
+        "wrong_shape": ({"mha_loop": mha_wrong_shape}, "shape"),
+        "nan": ({"mha_loop": mha_nan}, "NaN"),
+        "off_by_one": ({"mha_loop": mha_scale_by_d}, "max abs error"),
+        "mask_ignored": ({"mha_loop": mha_mask_ignored}, "max abs error"),
+        "input_chunks": ({"mha_loop": mha_input_chunks}, "max abs error"),
+    },
+    "q3b": {
+        "wrong_shape": ({"mha_reshape": mha_wrong_shape}, "shape"),
+        "off_by_one": ({"mha_reshape": mha_scale_by_d}, "max abs error"),
+        "mask_ignored": ({"mha_reshape": mha_mask_ignored}, "max abs error"),
+        "reshape_without_transpose": ({"mha_reshape": mha_reshape_no_transpose}, "max abs error"),
+    },
+    "q4a": {
+        "off_by_one": ({"online_normaliser": normaliser_no_rescale}, "denominators"),
+        "last_only": ({"online_normaliser": normaliser_last_only}, "expected"),
+        "overflows": ({"online_normaliser": normaliser_naive}, "expected"),
+    },
+    "q4b": {
+        "wrong_shape": ({"online_softmax": softmax_wrong_shape}, "shape"),
+        "nan": ({"online_softmax": softmax_naive}, "NaN"),
+        "off_by_one": ({"online_softmax": softmax_no_rescale}, "max abs error"),
+        "two_passes": ({"online_softmax": softmax_two_passes}, "shape"),
+        "float32": ({"online_softmax": softmax_float32}, "dtype"),
+    },
+    "q5a": {
+        "checks_without_W": ({"shared_qk_checks": checks_without_W, "asymmetry": asymmetry}, "expected True, got False"),
+        "off_by_one": ({"shared_qk_checks": checks, "asymmetry": asymmetry_max_abs}, "asymmetry"),
+    },
+    "q5b": {
+        "wrong_shape": ({"linear_concat_weights": concat_transposed}, "shape"),
+        "nan": ({"linear_concat_weights": concat_nan}, "NaN"),
+        "off_by_one": ({"linear_concat_weights": concat_halves_swapped}, "max abs error"),
+        "softmax_over_queries": ({"linear_concat_weights": concat_over_queries}, "max abs error"),
+    },
+    "q5c": {
+        "off_by_one": ({"score_flops": flops_projection_once}, "off by -"),
+        "multiply_add_as_one": ({"score_flops": flops_multiply_add_as_one}, "off by -"),
     },
 }

@@ -1,13 +1,10 @@
 """Deliberately wrong answers to the Chapter 3 exercises, used by tests/test_exercises.py.
 
-``WRONG_ANSWERS[question][variant] = (replacements, keyword)``: ``replacements`` maps the names a
-question's answer defines to wrong implementations; the question's hidden tests must all fail on
-them (zero points) with messages of which at least one contains ``keyword``. ``TAMPER_BASE``
-names the variant that the tampering checks combine with patched comparison functions (wrong
-values of the right shape, the case a broken comparison would let through).
-
-The tests add two generic variants to every question themselves (an exception and an endless
-loop), so they are not listed here.
+``WRONG_ANSWERS[part][variant] = (replacements, keyword)``: ``replacements`` maps the names a
+part's answer defines to wrong implementations. Each must fail the part's **public** tests and
+all its hidden tests (zero points), with messages of which at least one contains ``keyword``.
+``TAMPER_BASE`` names the variant the end-to-end checks use. The tests add two generic variants
+to every part themselves (an exception and an endless loop), so they are not listed here.
 """
 import math
 
@@ -274,50 +271,66 @@ def tiled_off_by_one_scale(q, k, v, block_size=64, causal=False):
     return _tiled(q * math.sqrt(d) / math.sqrt(d + 1), k, v, block_size, causal)   # divides by sqrt(d + 1)
 
 
+def max_context_keys_only_direct(memory_bytes, n_layers, n_kv_heads, d_head, batch=1, bytes_per_element=2):
+    return memory_bytes // (n_layers * n_kv_heads * d_head * batch * bytes_per_element)
+
+
+def tp_local_heads_no_check(n_heads, n_kv_heads, world_size):
+    return n_heads // world_size, max(n_kv_heads // world_size, 1), n_heads // n_kv_heads   # never raises
+
+
 WRONG_ANSWERS = {
-    "q1": {
-        "ignores_mean": ({"qk_variance": qk_variance_ignores_mean, "scaled_variance": scaled_variance_ignores_mean},
-                         "expected"),
-        "standard_deviation": ({"qk_variance": qk_variance_std, "scaled_variance": scaled_variance}, "expected"),
-        "scale_not_squared": ({"qk_variance": qk_variance, "scaled_variance": scaled_variance_alpha_once}, "expected"),
-        "off_by_one": ({"qk_variance": qk_variance_off_by_one, "scaled_variance": scaled_variance_off_by_one},
-                       "expected"),
-        "nan": ({"qk_variance": qk_variance_nan, "scaled_variance": scaled_variance_ignores_mean}, "nan"),
+    "q1a": {
+        "ignores_mean": ({"qk_variance": qk_variance_ignores_mean}, "expected"),
+        "standard_deviation": ({"qk_variance": qk_variance_std}, "expected"),
+        "off_by_one": ({"qk_variance": qk_variance_off_by_one}, "expected"),
+        "nan": ({"qk_variance": qk_variance_nan}, "nan"),
     },
-    "q2": {
-        "diag_only": ({"softmax_jacobian": jacobian_diag_only, "uniform_jacobian_norm": uniform_norm}, "max abs error"),
-        "plus_outer": ({"softmax_jacobian": jacobian_plus_outer, "uniform_jacobian_norm": uniform_norm},
-                       "max abs error"),
-        "wrong_shape": ({"softmax_jacobian": jacobian_extra_dim, "uniform_jacobian_norm": uniform_norm}, "shape"),
-        "nan": ({"softmax_jacobian": jacobian_nan, "uniform_jacobian_norm": uniform_norm}, "NaN"),
-        "off_by_one": ({"softmax_jacobian": jacobian_plus_outer, "uniform_jacobian_norm": uniform_norm_off_by_one},
-                       "expected"),
+    "q1b": {
+        "ignores_mean": ({"scaled_variance": scaled_variance_ignores_mean}, "expected"),
+        "off_by_one": ({"scaled_variance": scaled_variance_alpha_once}, "expected"),
     },
-    "q3": {
-        "natural_log": ({"logn_factor": logn_factor_natural_log, "logn_attention": logn_attention_no_sqrt},
-                        "expected"),
-        "inverted": ({"logn_factor": logn_factor_inverted, "logn_attention": logn_attention_query_count}, "expected"),
-        "no_sqrt": ({"logn_factor": logn_factor, "logn_attention": logn_attention_no_sqrt}, "max abs error"),
-        "nan": ({"logn_factor": logn_factor, "logn_attention": logn_attention_nan}, "NaN"),
-        "off_by_one": ({"logn_factor": logn_factor_inverted, "logn_attention": logn_attention_query_count},
-                       "expected"),
+    "q2a": {
+        "diag_only": ({"softmax_jacobian": jacobian_diag_only}, "max abs error"),
+        "off_by_one": ({"softmax_jacobian": jacobian_plus_outer}, "max abs error"),
+        "wrong_shape": ({"softmax_jacobian": jacobian_extra_dim}, "shape"),
+        "nan": ({"softmax_jacobian": jacobian_nan}, "NaN"),
     },
-    "q4": {
-        "keys_only": ({"kv_cache_bytes": kv_bytes_keys_only, "max_context": max_context_keys_only}, "off by"),
-        "float_gib": ({"kv_cache_bytes": kv_bytes_float, "max_context": max_context}, "integer"),
-        "off_by_one": ({"kv_cache_bytes": kv_bytes_ignores_batch, "max_context": max_context_off_by_one}, "off by"),
-        "ignores_batch": ({"kv_cache_bytes": kv_bytes_ignores_batch, "max_context": max_context_ignores_batch},
-                          "off by"),
+    "q2b": {
+        "off_by_one": ({"uniform_jacobian_norm": uniform_norm_off_by_one}, "expected"),
     },
-    "q5": {
-        "tiled_grouping": ({"repeat_kv": repeat_kv_tiled, "gqa_attention": gqa_attention_tiled,
-                            "tp_local_heads": tp_local_heads}, "max abs error"),
-        "wrong_shape": ({"repeat_kv": repeat_kv_wrong_shape, "gqa_attention": gqa_attention,
-                         "tp_local_heads": tp_local_heads}, "shape"),
-        "off_by_one": ({"repeat_kv": repeat_kv, "gqa_attention": gqa_attention_top_left,
-                        "tp_local_heads": tp_local_heads_swapped}, "expected"),
-        "nan": ({"repeat_kv": repeat_kv_nan, "gqa_attention": gqa_attention_nan, "tp_local_heads": tp_local_heads},
-                "NaN"),
+    "q3a": {
+        "natural_log": ({"logn_factor": logn_factor_natural_log}, "expected"),
+        "off_by_one": ({"logn_factor": logn_factor_inverted}, "expected"),
+    },
+    "q3b": {
+        "no_sqrt": ({"logn_attention": logn_attention_no_sqrt}, "max abs error"),
+        "nan": ({"logn_attention": logn_attention_nan}, "NaN"),
+        "off_by_one": ({"logn_attention": logn_attention_query_count}, "max abs error"),
+    },
+    "q4a": {
+        "keys_only": ({"kv_cache_bytes": kv_bytes_keys_only}, "off by"),
+        "float_gib": ({"kv_cache_bytes": kv_bytes_float}, "integer"),
+        "off_by_one": ({"kv_cache_bytes": kv_bytes_ignores_batch}, "off by"),
+    },
+    "q4b": {
+        "keys_only": ({"max_context": max_context_keys_only_direct}, "off by"),
+        "off_by_one": ({"max_context": max_context_off_by_one}, "off by 1"),
+        "ignores_batch": ({"max_context": max_context_ignores_batch}, "off by"),
+    },
+    "q5a": {
+        "off_by_one": ({"repeat_kv": repeat_kv_tiled}, "max abs error"),
+        "wrong_shape": ({"repeat_kv": repeat_kv_wrong_shape}, "shape"),
+        "nan": ({"repeat_kv": repeat_kv_nan}, "NaN"),
+    },
+    "q5b": {
+        "tiled_grouping": ({"gqa_attention": gqa_attention_tiled}, "max abs error"),
+        "off_by_one": ({"gqa_attention": gqa_attention_top_left}, "max abs error"),
+        "nan": ({"gqa_attention": gqa_attention_nan}, "NaN"),
+    },
+    "q5c": {
+        "off_by_one": ({"tp_local_heads": tp_local_heads_swapped}, "expected"),
+        "no_check": ({"tp_local_heads": tp_local_heads_no_check}, "ValueError"),
     },
     "q6": {
         "materialises": ({"tiled_attention": tiled_materialises}, "memory budget"),

@@ -10,8 +10,14 @@ def test_q3_public(causal_mask):
     import torch
     from xfam_lib.grading import check_cases
 
+    def make_case(p):
+        return dict(p)
+
+    def submission(c):
+        return causal_mask(c['seqlen'], c['start_pos'])
+
     def reference(c):
-        n, start = c
+        n, start = (c['seqlen'], c['start_pos'])
         return torch.tensor([[j <= start + i for j in range(start + n)] for i in range(n)], dtype=torch.bool)
-    check_cases('small masks', params=[(3, 0), (2, 3)], make_case=lambda p: p, submission=lambda c: causal_mask(*c), reference=reference, isolated=False)
+    check_cases('small masks', params=[{'seqlen': 3, 'start_pos': 0}, {'seqlen': 2, 'start_pos': 3}], make_case=make_case, submission=submission, reference=reference)
 

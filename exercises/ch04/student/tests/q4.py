@@ -27,14 +27,13 @@ def test_q4_public(relative_position_bucket):
         return bucket + min(large, num_buckets - 1)
 
     def make_case(p):
-        kind, bidirectional, num_buckets, max_distance = p
-        if kind == 'table':
+        if p['offsets'] == 'the table above':
             rel = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 50, 100, 200])
-        elif kind == 'range':
+        elif p['offsets'] == '-300 ... 300':
             rel = torch.arange(-300, 301)
         else:
             rel = torch.arange(40)[None, :] - torch.arange(30)[:, None]
-        return {'rel': rel, 'args': (bidirectional, num_buckets, max_distance)}
+        return {'rel': rel, 'args': (p['bidirectional'], p['num_buckets'], p['max_distance'])}
 
     def submission(c):
         b, nb, md = c['args']
@@ -43,5 +42,5 @@ def test_q4_public(relative_position_bucket):
     def reference(c):
         flat = [loop(int(r), *c['args']) for r in c['rel'].flatten()]
         return torch.tensor(flat, dtype=torch.int64).view(c['rel'].shape)
-    check_cases("the chapter's table", params=[('table', True, 32, 128)], make_case=make_case, submission=submission, reference=reference, isolated=False)
+    check_cases("the chapter's table and both rules", params=[{'offsets': 'the table above', 'bidirectional': True, 'num_buckets': 32, 'max_distance': 128}, {'offsets': '-300 ... 300', 'bidirectional': True, 'num_buckets': 32, 'max_distance': 128}, {'offsets': '-300 ... 300', 'bidirectional': False, 'num_buckets': 32, 'max_distance': 128}], make_case=make_case, submission=submission, reference=reference)
 

@@ -1,0 +1,22 @@
+from otter.test_files import test_case
+
+OK_FORMAT = False
+
+name = "q5a"
+points = [0]
+
+@test_case(points=None, hidden=False)
+def test_q5a_public(repeat_kv):
+    import torch
+    from xfam_lib.grading import check_cases
+
+    def make_case(p):
+        return {'x': torch.randn(*p['x shape'], dtype=torch.float64), 'n_rep': p['n_rep']}
+
+    def submission(c):
+        return repeat_kv(c['x'], c['n_rep'])
+
+    def reference(c):
+        return torch.stack([c['x'][:, h // c['n_rep']] for h in range(c['x'].shape[1] * c['n_rep'])], dim=1)
+    check_cases('small', params=[{'x shape': (1, 2, 3, 4), 'n_rep': 2}, {'x shape': (2, 3, 5, 4), 'n_rep': 4}], make_case=make_case, submission=submission, reference=reference)
+
