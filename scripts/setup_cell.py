@@ -16,18 +16,33 @@ TAG = "hide-cell"
 CELL_ID = "xfam-setup"
 
 
-def repository_url() -> str:
-    """The `repository: url:` of `_config.yml` (read with a regex: no YAML dependency)."""
+def repository_value(key: str) -> str:
+    """``repository: <key>:`` of `_config.yml` (read with a regex: no YAML dependency)."""
     text = (ROOT / "_config.yml").read_text(encoding="utf-8")
-    match = re.search(r"^repository:\s*\n\s+url:\s*(\S+)", text, flags=re.M)
+    block = re.search(r"^repository:\s*\n((?:[ \t]+.*\n?)+)", text, flags=re.M)
+    match = block and re.search(rf"^\s+{key}:\s*(\S+)", block.group(1), flags=re.M)
     if not match:
-        raise SystemExit("_config.yml has no repository: url:")
+        raise SystemExit(f"_config.yml has no repository: {key}:")
     return match.group(1)
 
 
+def repository_url() -> str:
+    """The `repository: url:` of `_config.yml`."""
+    return repository_value("url")
+
+
+def release() -> str:
+    """The `repository: release:` of `_config.yml`: the tag the book is built from (``v`` + xfam_lib.__version__)."""
+    return repository_value("release")
+
+
 def setup_cell_source(extra_pip: str = "") -> str:
-    """Source of the setup cell. ``extra_pip`` adds packages to the Colab install line (exercises: otter-grader)."""
-    install = f'"xfam_lib @ git+{repository_url()}"' + (f" {extra_pip}" if extra_pip else "")
+    """Source of the setup cell. ``extra_pip`` adds packages to the Colab install line (exercises: otter-grader).
+
+    On Colab it installs ``xfam_lib`` at the release the book was built from, not whatever the
+    default branch holds that day.
+    """
+    install = f'"xfam_lib @ git+{repository_url()}@{release()}"' + (f" {extra_pip}" if extra_pip else "")
     return (
         "# Setup (hidden in the book): on Colab, install the book's library; everywhere, pick the device and seed.\n"
         "import sys\n"
