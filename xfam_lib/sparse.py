@@ -19,8 +19,12 @@ import numbers
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from .attention import _check_block, _check_qkv, _compute_dtype, _resolve_scale, causal_mask
+from .attention import (_check_block, _check_qkv, _compute_dtype, _resolve_scale, attention_with_lse, causal_mask,
+                        merge_partials, scaled_dot_product_attention)
+from .positional import apply_rope
 from .utils import check_positive_int, check_tensor
 
 __all__ = [
@@ -34,6 +38,32 @@ __all__ = [
     "expand_layout",
     "sliding_window_attention",
     "block_sparse_attention",
+    "dense_masked_attention",
+    "nnz",
+    "receptive_field",
+    "hop_distances",
+    "graph_diameter",
+    "local1d_mask",
+    "local2d_mask",
+    "blockwise_layout",
+    "blockwise_mask",
+    "blockwise_attention",
+    "etc_masks",
+    "mask_to_bias",
+    "lsh_rotations",
+    "lsh_hash",
+    "lsh_attention",
+    "lsh_attention_reference",
+    "RevBlock",
+    "reversible_sequence",
+    "chunked_ff",
+    "checkpointed_sequence",
+    "routing_assign",
+    "routing_mask",
+    "kmeans_ema_update",
+    "dca_position_matrix",
+    "dca_attention",
+    "dca_attention_reference",
 ]
 
 
@@ -361,3 +391,602 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     has_key = denom > 0                                                                   # False: no active block
     out = numer / torch.where(has_key, denom, torch.ones_like(denom)).unsqueeze(-1)
     return out.reshape(q.shape[:-1] + (d_v,)).to(in_dtype)
+
+
+# ----------------------------------------------------------------------------- graph view of a mask (M7.1)
+def dense_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
+                           scale: float | None = None) -> torch.Tensor:
+    """The reference every sparse kernel is checked against: softmax attention over the full ``L x L``
+    scores with ``mask`` (True = may attend); a row with no allowed key returns zeros (M7.1)."""
+    check_tensor("mask", mask, min_rank=2)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
+    return scaled_dot_product_attention(q, k, v, mask, scale=scale)
+
+
+def nnz(mask: torch.Tensor) -> int:
+    """Number of allowed (query, key) pairs: the True entries of a boolean mask or layout."""
+    check_tensor("mask", mask)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean, got dtype {mask.dtype}")
+    return int(mask.sum())
+
+
+def _check_square_mask(mask) -> torch.Tensor:
+    check_tensor("mask", mask, rank=2)
+    if mask.dtype != torch.bool or mask.shape[0] != mask.shape[1]:
+        raise ValueError(f"mask must be a square boolean (L, L) matrix, got shape {tuple(mask.shape)} "
+                         f"and dtype {mask.dtype}")
+    return mask
+
+
+def receptive_field(mask: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """Which inputs can reach each output after ``n_layers`` attention layers with this mask ``(L, L)``.
+
+    A layer with a residual connection lets ``i`` hear ``j`` if ``i == j`` or ``mask[i, j]``, so the
+    field after ``n`` layers is the boolean power ``(I | mask)^n``: ``reach[i, j]`` is True iff a path
+    ``i -> ... -> j`` of at most ``n`` mask edges exists. ``n_layers = 0`` is the identity.
+    """
+    mask = _check_square_mask(mask)
+    n_layers = _check_nonneg_int("n_layers", n_layers)
+    step = (mask | torch.eye(mask.shape[0], dtype=torch.bool, device=mask.device)).float()
+    reach = torch.eye(mask.shape[0], device=mask.device)
+    for _ in range(n_layers):
+        reach = ((reach @ step) > 0).float()
+    return reach.bool()
+
+
+def hop_distances(mask: torch.Tensor) -> torch.Tensor:
+    """Shortest path lengths ``(L, L)`` (float; ``inf`` if unreachable) in the graph ``i -> j`` iff ``mask[i, j]``.
+
+    Breadth-first search for all sources at once: hop ``h`` adds the pairs first reached by
+    ``reach @ mask``. ``hops[i, j]`` is the number of layers before output ``i`` first hears input ``j``.
+    """
+    mask = _check_square_mask(mask)
+    length = mask.shape[0]
+    step = mask.float()
+    reach = torch.eye(length, dtype=torch.bool, device=mask.device)
+    hops = torch.full((length, length), float("inf"), device=mask.device)
+    hops[reach] = 0.0
+    for h in range(1, length):
+        new = ((reach.float() @ step) > 0) & ~reach
+        if not new.any():
+            break
+        hops[new] = float(h)
+        reach |= new
+    return hops
+
+
+def graph_diameter(mask: torch.Tensor) -> float:
+    """Longest shortest path over all ordered pairs of `hop_distances`; ``inf`` if some pair is unreachable
+    (a causal mask, whose early tokens never hear later ones, has infinite diameter)."""
+    return float(hop_distances(mask).max())
+
+
+# ----------------------------------------------------------------------------- Image Transformer local attention (M7.4)
+def local1d_mask(L: int, q_block: int, mem_len: int, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """Image Transformer 1-D local attention ``(L, L)``, causal in raster order (M7.4, Parmar et al. 2018).
+
+    The flattened image is cut into query blocks of ``q_block`` positions; every query in the block
+    starting at ``s`` sees the ``mem_len`` positions before the block and the earlier positions of its
+    own block: ``s - mem_len <= j <= i``. A ragged last block is allowed.
+    """
+    L = check_positive_int("L", L)
+    q_block = check_positive_int("q_block", q_block)
+    mem_len = _check_nonneg_int("mem_len", mem_len)
+    pos = torch.arange(L, device=device)
+    start = (pos // q_block) * q_block
+    return (pos[None, :] <= pos[:, None]) & (pos[None, :] >= (start - mem_len)[:, None])
+
+
+def local2d_mask(H: int, W: int, q_h: int, q_w: int, ext_h: int, ext_w: int, *,
+                 device: torch.device | str | None = None) -> torch.Tensor:
+    """Image Transformer 2-D local attention ``(H*W, H*W)`` over pixels in raster order (M7.4).
+
+    The image is tiled into ``q_h x q_w`` query blocks. A block's memory is the block extended by
+    ``ext_h`` rows above and ``ext_w`` columns left and right; pixel ``i`` sees the pixels ``j`` of
+    its memory that come no later in raster order (``j <= i``), so generation stays causal.
+    """
+    H, W = check_positive_int("H", H), check_positive_int("W", W)
+    q_h, q_w = check_positive_int("q_h", q_h), check_positive_int("q_w", q_w)
+    ext_h, ext_w = _check_nonneg_int("ext_h", ext_h), _check_nonneg_int("ext_w", ext_w)
+    pos = torch.arange(H * W, device=device)
+    row, col = pos // W, pos % W
+    top, left = (row // q_h) * q_h, (col // q_w) * q_w                 # corner of the query's block
+    in_rows = (row[None, :] >= (top - ext_h)[:, None]) & (row[None, :] < (top + q_h)[:, None])
+    in_cols = (col[None, :] >= (left - ext_w)[:, None]) & (col[None, :] < (left + q_w + ext_w)[:, None])
+    return in_rows & in_cols & (pos[None, :] <= pos[:, None])
+
+
+# ----------------------------------------------------------------------------- blockwise attention (M7.8)
+def _check_perm(perm, n_blocks: int) -> torch.Tensor:
+    if perm is None:
+        return torch.arange(n_blocks)
+    p = torch.as_tensor(perm)
+    if p.dim() != 1 or p.dtype.is_floating_point or p.dtype == torch.bool or p.numel() != n_blocks \
+            or not torch.equal(p.sort().values.cpu(), torch.arange(n_blocks)):
+        raise ValueError(f"perm must be a permutation of range(n_blocks={n_blocks}), got {p.tolist()}")
+    return p.long().cpu()
+
+
+def _blockwise_size(L: int, n_blocks: int) -> int:
+    n_blocks = check_positive_int("n_blocks", n_blocks)
+    if L % n_blocks:
+        raise ValueError(f"n_blocks={n_blocks} must divide the sequence length L={L} (blockwise attention cuts "
+                         f"it into n equal blocks)")
+    return L // n_blocks
+
+
+def blockwise_layout(n_blocks: int, perm=None, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """Permutation-matrix layout ``(n, n)``: query block ``a`` attends key block ``perm[a]`` (M7.8)."""
+    n_blocks = check_positive_int("n_blocks", n_blocks)
+    p = _check_perm(perm, n_blocks)
+    layout = torch.zeros(n_blocks, n_blocks, dtype=torch.bool)
+    layout[torch.arange(n_blocks), p] = True
+    return layout.to(device)
+
+
+def blockwise_mask(L: int, n_blocks: int, perm=None, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """Blockwise (BlockBERT) token mask ``(L, L)`` (M7.8, Qiu et al. 2020; ERRATA E7.3): the sequence is
+    cut into ``n_blocks`` blocks of ``L / n_blocks`` and query block ``a`` sees key block ``perm[a]``
+    (default: the identity, each block sees itself). ``L % n_blocks != 0`` raises ``ValueError``."""
+    L = check_positive_int("L", L)
+    size = _blockwise_size(L, n_blocks)
+    return expand_layout(blockwise_layout(n_blocks, perm, device=device), size)
+
+
+def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_blocks: int, perm=None, *,
+                        scale: float | None = None) -> torch.Tensor:
+    """Blockwise attention by reshaping (M7.8): ``q, k (..., L, d_k)``, ``v (..., L, d_v)`` → ``(..., L, d_v)``.
+
+    ``q`` becomes ``(..., n, L/n, d_k)``, the key and value blocks are reordered by ``perm``, and each
+    query block attends only its key block, so the scores are ``(..., n, L/n, L/n)``: ``L²/n``
+    entries. Equals `dense_masked_attention` with `blockwise_mask`. fp16/bf16 computed in fp32.
+    """
+    _check_qkv(q, k, v)
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"blockwise_attention needs Lq == Lk, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    size = _blockwise_size(q.shape[-2], n_blocks)
+    p = _check_perm(perm, n_blocks).to(q.device)
+    scale = _resolve_scale(scale, q)
+    in_dtype = q.dtype
+    work = _compute_dtype(in_dtype)
+    qb, kb, vb = (t.to(work).unflatten(-2, (n_blocks, size)) for t in (q, k, v))      # (..., n, L/n, d)
+    kb, vb = kb.index_select(-3, p), vb.index_select(-3, p)
+    weights = torch.softmax(torch.matmul(qb, kb.transpose(-2, -1)) * scale, dim=-1)    # (..., n, L/n, L/n)
+    return torch.matmul(weights, vb).flatten(-3, -2).to(in_dtype)
+
+
+# ----------------------------------------------------------------------------- ETC global-local (M7.9)
+def etc_masks(segment_ids, radius: int, *, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """ETC's four attention pieces for structured input (M7.9, Ainslie et al. 2020), boolean, True = may attend.
+
+    ``segment_ids`` ``(n_l,)`` gives the segment (e.g. sentence) of each long token, as integers
+    ``0 .. n_g - 1``; there is one global token per segment, so ``n_g = max + 1``. Returns
+
+    * ``"g2g"`` ``(n_g, n_g)``: all True, the globals see each other;
+    * ``"g2l"`` ``(n_g, n_l)``: a global sees the long tokens of its own segment;
+    * ``"l2g"`` ``(n_l, n_g)``: a long token sees its own segment's global;
+    * ``"l2l"`` ``(n_l, n_l)``: the band ``|i - j| <= radius``;
+    * ``"full"`` ``((n_g + n_l), (n_g + n_l))``: the four pieces assembled, globals first.
+    """
+    seg = torch.as_tensor(segment_ids)
+    if seg.dim() != 1 or seg.numel() == 0 or seg.dtype.is_floating_point or seg.dtype == torch.bool:
+        raise ValueError(f"segment_ids must be a non-empty 1-D integer tensor, got shape {tuple(seg.shape)} "
+                         f"and dtype {seg.dtype}")
+    if int(seg.min()) < 0:
+        raise ValueError(f"segment_ids must be >= 0, got min {int(seg.min())}")
+    seg = seg.long().to(device)
+    radius = _check_nonneg_int("radius", radius)
+    n_g = int(seg.max()) + 1
+    g2l = torch.arange(n_g, device=seg.device)[:, None] == seg[None, :]
+    parts = {"g2g": torch.ones(n_g, n_g, dtype=torch.bool, device=seg.device), "g2l": g2l, "l2g": g2l.T.clone(),
+             "l2l": sliding_window_mask(seg.numel(), radius, device=seg.device)}
+    parts["full"] = torch.cat([torch.cat([parts["g2g"], parts["g2l"]], 1),
+                               torch.cat([parts["l2g"], parts["l2l"]], 1)], 0)
+    return parts
+
+
+def mask_to_bias(mask: torch.Tensor, C: float = 1e4) -> torch.Tensor:
+    """The additive form ETC (and BERT) use instead of a boolean mask: ``0`` where allowed, ``-C`` elsewhere
+    (float32). Equal to boolean masking up to ``exp(-C + spread of the logits)``; a fully masked row
+    becomes uniform instead of zero."""
+    check_tensor("mask", mask)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
+    return (~mask).float() * -float(C)
+
+
+# ----------------------------------------------------------------------------- LSH and Reformer attention (M7.12, M7.13)
+def lsh_rotations(d: int, n_buckets: int, n_rounds: int, seed: int, *, device=None, dtype=torch.float32) -> torch.Tensor:
+    """The random rotations ``(n_rounds, d, n_buckets/2)`` of `lsh_hash`: i.i.d. N(0, 1) entries drawn from a
+    CPU ``torch.Generator`` seeded with ``seed`` (same seed, same rotations, on any device)."""
+    d = check_positive_int("d", d)
+    n_buckets = check_positive_int("n_buckets", n_buckets)
+    if n_buckets % 2:
+        raise ValueError(f"n_buckets must be even (the hash is argmax over [xR, -xR]), got {n_buckets}")
+    n_rounds = check_positive_int("n_rounds", n_rounds)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    gen = torch.Generator().manual_seed(int(seed))
+    return torch.randn(n_rounds, d, n_buckets // 2, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+def lsh_hash(x: torch.Tensor, n_buckets: int, n_rounds: int = 1, seed: int = 0) -> torch.Tensor:
+    """Angular LSH by random rotations (M7.12, Andoni et al. 2015 as used by Kitaev et al. 2020).
+
+    ``x (..., L, d)`` → bucket ids ``(..., n_rounds, L)`` in ``[0, n_buckets)``:
+    ``h(x) = argmax([xR; -xR])`` with ``R`` of `lsh_rotations` (one per round, shared by all leading
+    dims). Nearby directions tend to share a bucket; the chance falls with the angle between them.
+    ``n_buckets`` must be even.
+    """
+    check_tensor("x", x, min_rank=2, floating=True)
+    rot = lsh_rotations(x.shape[-1], n_buckets, n_rounds, seed, device=x.device,
+                        dtype=_compute_dtype(x.dtype))
+    proj = torch.einsum("...ld,rdb->...rlb", x.to(rot.dtype), rot)                   # (..., R, L, b/2)
+    return torch.cat([proj, -proj], dim=-1).argmax(dim=-1)
+
+
+SELF_LOGIT = -1e5          # shared QK: a query's own logit (HF Reformer's value); finite, so a lone query still attends itself
+
+
+def _check_shared_qk(qk, v) -> None:
+    check_tensor("qk", qk, min_rank=2, floating=True)
+    check_tensor("v", v, min_rank=2, floating=True)
+    if qk.shape[:-1] != v.shape[:-1] or qk.dtype != v.dtype or qk.device != v.device:
+        raise ValueError(f"qk and v must agree in every dim but the last, dtype and device, got qk {tuple(qk.shape)} "
+                         f"{qk.dtype} and v {tuple(v.shape)} {v.dtype}")
+
+
+def _lse_attention(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax(scores) @ v and the rows' logsumexp; a row of ``-inf`` gives zeros and ``-inf``."""
+    m = scores.detach().amax(dim=-1, keepdim=True)
+    m = m.masked_fill(m == float("-inf"), 0.0)
+    e = torch.exp(scores - m)
+    total = e.sum(dim=-1, keepdim=True)
+    has_key = total > 0
+    total = torch.where(has_key, total, torch.ones_like(total))
+    lse = torch.where(has_key, m + torch.log(total), float("-inf")).squeeze(-1)
+    return torch.matmul(e / total, v), lse
+
+
+def _lsh_buckets(qk, n_buckets, n_rounds, seed, buckets):
+    if buckets is None:
+        return lsh_hash(qk, n_buckets, n_rounds, seed)
+    check_tensor("buckets", buckets)
+    if buckets.dtype.is_floating_point or buckets.dtype == torch.bool or \
+            tuple(buckets.shape) != tuple(qk.shape[:-2]) + (n_rounds, qk.shape[-2]):
+        raise ValueError(f"buckets must be integer ids of shape {tuple(qk.shape[:-2]) + (n_rounds, qk.shape[-2])} "
+                         f"(..., n_rounds, L) for qk {tuple(qk.shape)}, got {tuple(buckets.shape)} {buckets.dtype}")
+    return buckets.to(qk.device).long()
+
+
+def lsh_attention(qk: torch.Tensor, v: torch.Tensor, n_buckets: int, chunk_len: int, n_rounds: int = 1,
+                  seed: int = 0, causal: bool = False, *, scale: float | None = None,
+                  buckets: torch.Tensor | None = None) -> torch.Tensor:
+    """Reformer LSH attention (M7.13, Kitaev et al. 2020): shared QK, sort by bucket, attend in chunks.
+
+    ``qk (..., L, d)``, ``v (..., L, d_v)`` → ``(..., L, d_v)``. Keys are ``qk / ||qk||`` (ERRATA E7.4).
+    Each round hashes ``qk`` (`lsh_hash`, or the given ``buckets (..., n_rounds, L)``), sorts the
+    positions by (bucket, position), cuts the sorted order into chunks of ``chunk_len`` (the last
+    padded), and lets every chunk attend to itself and the chunk before it (cyclically), as the
+    reference implementations do (keys of another bucket inside that window are not masked). A
+    query's own key gets the logit `SELF_LOGIT`, so it is used only when nothing else is allowed;
+    ``causal`` forbids later positions. The rounds are combined with their logsumexps,
+    ``out = Σ_r exp(lse_r - lse) out_r`` (a key found in several rounds counts in each). With one
+    chunk holding the whole sequence this is full shared-QK attention with self-masking.
+    fp16/bf16 computed in fp32. `lsh_attention_reference` is the same computation with dense masks.
+    """
+    _check_shared_qk(qk, v)
+    chunk_len = _check_block("chunk_len", chunk_len)
+    n_rounds = check_positive_int("n_rounds", n_rounds)
+    bk = _lsh_buckets(qk, n_buckets, n_rounds, seed, buckets)
+    length, d_v = qk.shape[-2], v.shape[-1]
+    scale = _resolve_scale(scale, qk)
+    in_dtype = qk.dtype
+    work = _compute_dtype(in_dtype)
+    qk, v = qk.to(work), v.to(work)
+    keys = F.normalize(qk, dim=-1)
+
+    pos = torch.arange(length, device=qk.device)
+    order = torch.argsort(bk * length + pos, dim=-1)                                   # (..., R, L)
+    n_chunks = -(-length // chunk_len)
+    pad = n_chunks * chunk_len - length
+
+    def sort_chunk(t):                                                                  # (..., R, n, c, d)
+        t = t.unsqueeze(-3).expand(*t.shape[:-2], n_rounds, length, t.shape[-1])
+        t = t.gather(-2, order.unsqueeze(-1).expand(*order.shape, t.shape[-1]))
+        return F.pad(t, (0, 0, 0, pad)).unflatten(-2, (n_chunks, chunk_len))
+
+    def with_previous(t):                                                               # keys of chunk and chunk-1
+        return t if n_chunks == 1 else torch.cat([t, t.roll(1, dims=-3)], dim=-2)
+
+    sq, sk, sv = sort_chunk(qk), with_previous(sort_chunk(keys)), with_previous(sort_chunk(v))
+    pq = F.pad(order, (0, pad), value=-1).unflatten(-1, (n_chunks, chunk_len))        # positions, -1 = padding
+    pk = with_previous(pq.unsqueeze(-1)).squeeze(-1)
+    scores = torch.matmul(sq, sk.transpose(-2, -1)) * scale                             # (..., R, n, c, c or 2c)
+    same = pq.unsqueeze(-1) == pk.unsqueeze(-2)
+    scores = scores.masked_fill(same, SELF_LOGIT)
+    banned = (pk < 0).unsqueeze(-2).expand_as(scores)
+    if causal:
+        banned = banned | (pk.unsqueeze(-2) > pq.unsqueeze(-1))
+    out, lse = _lse_attention(scores.masked_fill(banned, float("-inf")), sv)
+
+    undo = torch.argsort(order, dim=-1)                                                 # back to positions
+    out = out.flatten(-3, -2)[..., :length, :].gather(-2, undo.unsqueeze(-1).expand(*undo.shape, d_v))
+    lse = lse.flatten(-2, -1)[..., :length].gather(-1, undo)
+    out, _ = merge_partials(out.unbind(-3), lse.unbind(-2))
+    return out.to(in_dtype)
+
+
+def lsh_attention_reference(qk: torch.Tensor, v: torch.Tensor, buckets: torch.Tensor, chunk_len: int,
+                            causal: bool = False, *, scale: float | None = None) -> torch.Tensor:
+    """`lsh_attention` written with dense masks, for reading and testing: ``qk (L, d)``, ``v (L, d_v)``,
+    ``buckets (n_rounds, L)``. Per round, a Python loop marks which (query, key) pairs share a chunk or
+    sit in neighbouring chunks of the sorted order; dense attention with that mask, the self logit and
+    causality gives ``(out_r, lse_r)``, and the rounds are merged by logsumexp."""
+    check_tensor("qk", qk, rank=2, floating=True)
+    check_tensor("buckets", buckets, rank=2)
+    length = qk.shape[0]
+    scale = _resolve_scale(scale, qk)
+    scores = (qk @ F.normalize(qk, dim=-1).T) * scale
+    scores = scores.masked_fill(torch.eye(length, dtype=torch.bool, device=qk.device), SELF_LOGIT)
+    n_chunks = -(-length // chunk_len)
+    outs, lses = [], []
+    for round_buckets in buckets.tolist():
+        order = sorted(range(length), key=lambda i: (round_buckets[i], i))
+        chunk = {pos: rank // chunk_len for rank, pos in enumerate(order)}
+        allowed = torch.zeros(length, length, dtype=torch.bool)
+        for i in range(length):
+            for j in range(length):
+                allowed[i, j] = chunk[j] in (chunk[i], (chunk[i] - 1) % n_chunks) and not (causal and j > i)
+        out, lse = _lse_attention(scores.masked_fill(~allowed.to(qk.device), float("-inf")), v)
+        outs.append(out)
+        lses.append(lse)
+    return merge_partials(outs, lses)[0]
+
+
+# ----------------------------------------------------------------------------- reversible layers, chunking, recompute (M7.14, M7.15, M7.7)
+class RevBlock(nn.Module):
+    """Reversible residual block (M7.14, Gomez et al. 2017): ``y1 = x1 + F(x2)``, ``y2 = x2 + G(y1)``.
+
+    `inverse` recovers ``x2 = y2 - G(y1)``, ``x1 = y1 - F(x2)`` from the outputs alone, so a stack of
+    them need not store its activations (`reversible_sequence`). ``F`` and ``G`` must be deterministic
+    (no dropout) and map ``(..., d)`` to ``(..., d)``.
+    """
+
+    def __init__(self, F: nn.Module, G: nn.Module):
+        super().__init__()
+        self.F, self.G = F, G
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y1 = x1 + self.F(x2)
+        return y1, x2 + self.G(y1)
+
+    def inverse(self, y1: torch.Tensor, y2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x2 = y2 - self.G(y1)
+        return y1 - self.F(x2), x2
+
+
+class _Reversible(torch.autograd.Function):
+    """Runs the blocks without a graph; backward rebuilds each block's input with `RevBlock.inverse`,
+    recomputes that block with a graph and backpropagates through it, one block at a time."""
+
+    @staticmethod
+    def forward(ctx, x1, x2, blocks, *params):
+        with torch.no_grad():
+            for block in blocks:
+                x1, x2 = block(x1, x2)
+        ctx.blocks = blocks
+        ctx.save_for_backward(x1, x2)
+        return x1, x2
+
+    @staticmethod
+    def backward(ctx, dy1, dy2):
+        y1, y2 = ctx.saved_tensors
+        grads = []
+        for block in reversed(ctx.blocks):
+            with torch.no_grad():
+                x1, x2 = block.inverse(y1, y2)
+            with torch.enable_grad():
+                a, b = x1.detach().requires_grad_(), x2.detach().requires_grad_()
+                params = [p for p in block.parameters() if p.requires_grad]
+                out = block(a, b)
+                g = torch.autograd.grad(out, [a, b] + params, (dy1, dy2), allow_unused=True)
+            dy1, dy2 = g[0], g[1]
+            grads = list(g[2:]) + grads
+            y1, y2 = x1, x2
+        return (dy1, dy2, None, *grads)
+
+
+def reversible_sequence(blocks, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply `RevBlock` s in order, storing only the final outputs: activation memory does not grow with
+    depth, and the backward pass recomputes each block from its reconstructed input (M7.14). Outputs
+    and gradients equal the plain ``for block in blocks: x1, x2 = block(x1, x2)`` up to rounding."""
+    blocks = list(blocks)
+    if not blocks or not all(isinstance(b, RevBlock) for b in blocks):
+        raise TypeError(f"blocks must be a non-empty sequence of RevBlock, got {[type(b).__name__ for b in blocks]}")
+    check_tensor("x1", x1, floating=True)
+    check_tensor("x2", x2, floating=True)
+    if x1.shape != x2.shape:
+        raise ValueError(f"x1 and x2 must have the same shape, got {tuple(x1.shape)} and {tuple(x2.shape)}")
+    params = [p for b in blocks for p in b.parameters() if p.requires_grad]
+    return _Reversible.apply(x1, x2, blocks, *params)
+
+
+def chunked_ff(ff, x: torch.Tensor, n_chunks: int) -> torch.Tensor:
+    """Position-wise feed-forward ``ff`` applied to ``n_chunks`` slices of the sequence (dim -2) in turn
+    (M7.15, Reformer): the hidden ``(..., L, d_ff)`` activation exists for ``L / n_chunks`` rows at a
+    time. Equal to ``ff(x)`` because ``ff`` acts on each position separately; a ragged last chunk is fine."""
+    check_tensor("x", x, min_rank=2)
+    n_chunks = check_positive_int("n_chunks", n_chunks)
+    return torch.cat([ff(part) for part in torch.tensor_split(x, n_chunks, dim=-2)], dim=-2)
+
+
+def checkpointed_sequence(blocks, x: torch.Tensor) -> torch.Tensor:
+    """Apply ``blocks`` in order, keeping only each block's input for backward and recomputing its inside
+    (gradient checkpointing, M7.7, Chen et al. 2016). Gradients equal the plain loop's."""
+    blocks = list(blocks)
+    if not blocks:
+        raise ValueError("blocks must be a non-empty sequence of modules")
+    for block in blocks:
+        x = checkpoint(block, x, use_reentrant=False)
+    return x
+
+
+# ----------------------------------------------------------------------------- Routing Transformer (M7.16)
+def _check_centroids(x, centroids):
+    check_tensor("centroids", centroids, rank=2, floating=True)
+    if centroids.shape[-1] != x.shape[-1]:
+        raise ValueError(f"centroids (k, d) must have d = {x.shape[-1]} like x {tuple(x.shape)}, got "
+                         f"{tuple(centroids.shape)}")
+
+
+def routing_assign(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """Cluster of each vector ``x (..., L, d)`` → ``(..., L)``: the centroid ``(k, d)`` of largest cosine
+    similarity, ``argmax_c <x/|x|, mu_c/|mu_c|>`` (nearest centroid on the unit sphere, M7.16)."""
+    check_tensor("x", x, min_rank=1, floating=True)
+    _check_centroids(x, centroids)
+    work = _compute_dtype(x.dtype)
+    sim = F.normalize(x.to(work), dim=-1) @ F.normalize(centroids.to(work), dim=-1).T
+    return sim.argmax(dim=-1)
+
+
+def routing_mask(q: torch.Tensor, k: torch.Tensor, centroids: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """Routing Transformer mask ``(..., Lq, Lk)`` (M7.16, Roy et al. 2021): query ``i`` may attend key ``j``
+    iff both are routed to the same centroid (and ``j <= i`` with ``causal``, bottom-right aligned)."""
+    check_tensor("q", q, min_rank=2, floating=True)
+    check_tensor("k", k, min_rank=2, floating=True)
+    mask = routing_assign(q, centroids).unsqueeze(-1) == routing_assign(k, centroids).unsqueeze(-2)
+    if causal:
+        mask = mask & causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+    return mask
+
+
+def kmeans_ema_update(centroids: torch.Tensor, x: torch.Tensor, assignments: torch.Tensor,
+                      decay: float = 0.999) -> torch.Tensor:
+    """One online k-means step (M7.16): ``mu_c <- decay mu_c + (1 - decay) mean{x_i : a_i = c}``.
+
+    ``centroids (k, d)``, ``x (N, d)`` (any leading dims are flattened), ``assignments`` the matching
+    cluster ids. A cluster with no member keeps its centroid. Returns new centroids, no gradient.
+    """
+    check_tensor("x", x, min_rank=1, floating=True)
+    _check_centroids(x, centroids)
+    if not 0.0 <= float(decay) <= 1.0:
+        raise ValueError(f"decay must lie in [0, 1], got {decay}")
+    if tuple(assignments.shape) != tuple(x.shape[:-1]):
+        raise ValueError(f"assignments must have shape {tuple(x.shape[:-1])} (x without its last dim) for x "
+                         f"{tuple(x.shape)}, got {tuple(assignments.shape)}")
+    with torch.no_grad():
+        n_c = centroids.shape[0]
+        a = assignments.reshape(-1).long()
+        if a.numel() and (int(a.min()) < 0 or int(a.max()) >= n_c):
+            raise ValueError(f"assignments must lie in [0, {n_c}) for {n_c} centroids")
+        flat = x.detach().reshape(-1, x.shape[-1]).to(centroids.dtype)
+        sums = torch.zeros_like(centroids).index_add(0, a, flat)
+        counts = torch.zeros(n_c, dtype=centroids.dtype, device=centroids.device).index_add(
+            0, a, torch.ones_like(a, dtype=centroids.dtype))
+        means = sums / counts.clamp(min=1).unsqueeze(-1)
+        updated = decay * centroids + (1 - decay) * means
+        return torch.where((counts > 0).unsqueeze(-1), updated, centroids)
+
+
+# ----------------------------------------------------------------------------- Dual Chunk Attention (M7.17)
+def _check_dca(pretrain_len, chunk, local_window):
+    pretrain_len = check_positive_int("pretrain_len", pretrain_len)
+    chunk = check_positive_int("chunk", chunk)
+    local_window = _check_nonneg_int("local_window", local_window)
+    if local_window > chunk or chunk + local_window > pretrain_len:
+        raise ValueError(f"need local_window <= chunk and chunk + local_window <= pretrain_len (so every relative "
+                         f"position stays below pretrain_len), got pretrain_len={pretrain_len}, chunk={chunk}, "
+                         f"local_window={local_window}")
+    return pretrain_len, chunk, local_window
+
+
+def _dca_query_positions(L, pretrain_len, chunk, local_window, device):
+    """Query position ids of the three parts, each ``(L,)``; keys always use ``j mod chunk``."""
+    inner = torch.arange(L, device=device) % chunk
+    intra = inner
+    successive = torch.where(inner < local_window, chunk + inner, torch.full_like(inner, pretrain_len - 1))
+    inter = torch.full_like(inner, pretrain_len - 1)
+    return intra, successive, inter
+
+
+def _dca_parts(L, chunk, device):
+    """Boolean ``(L, L)`` masks of the intra-chunk, successive-chunk and inter-chunk pairs (all causal)."""
+    c = torch.arange(L, device=device) // chunk
+    gap = c[:, None] - c[None, :]
+    causal = causal_mask(L, device=device)
+    return causal & (gap == 0), gap == 1, gap > 1
+
+
+def dca_position_matrix(L: int, pretrain_len: int, chunk: int, local_window: int, *, part: str = "all",
+                        device: torch.device | str | None = None) -> torch.Tensor:
+    """Dual Chunk Attention relative positions ``(L, L)`` (M7.17, An et al. 2024; ERRATA E7.6), ``-1`` where
+    not attended. Keys sit at ``j mod chunk``; queries at
+
+    * ``part="intra"`` (same chunk): ``i mod chunk``, so ``M = i - j``;
+    * ``part="successive"`` (the previous chunk): ``chunk + (i mod chunk)`` for the first
+      ``local_window`` queries of a chunk, ``pretrain_len - 1`` for the rest;
+    * ``part="inter"`` (older chunks): ``pretrain_len - 1``;
+    * ``part="all"``: the three together, covering every ``j <= i`` (no sparsity).
+
+    Every entry is at most ``pretrain_len - 1``.
+    """
+    L = check_positive_int("L", L)
+    pretrain_len, chunk, local_window = _check_dca(pretrain_len, chunk, local_window)
+    _check_part(part, ("all", "intra", "successive", "inter"))
+    key = torch.arange(L, device=device) % chunk
+    out = torch.full((L, L), -1, dtype=torch.long, device=device)
+    for name, qpos, mask in zip(("intra", "successive", "inter"),
+                                _dca_query_positions(L, pretrain_len, chunk, local_window, device),
+                                _dca_parts(L, chunk, device)):
+        if part in ("all", name):
+            out = torch.where(mask, qpos[:, None] - key[None, :], out)
+    return out
+
+
+def dca_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pretrain_len: int, chunk: int,
+                  local_window: int, *, base: float = 10000.0, scale: float | None = None) -> torch.Tensor:
+    """Causal Dual Chunk Attention with RoPE (M7.17): ``q, k (..., L, d_k)`` (unrotated, even ``d_k``),
+    ``v (..., L, d_v)`` → ``(..., L, d_v)``.
+
+    Keys are rotated once to ``j mod chunk``; the queries are rotated three times, to the intra,
+    successive and inter positions of `dca_position_matrix`, each copy attends only its part
+    (`attention_with_lse`), and the three partial results are combined exactly with `merge_partials`.
+    `dca_attention_reference` builds every score ``q_i · R(M_ij) k_j`` in a loop instead.
+    """
+    _check_qkv(q, k, v)
+    length = q.shape[-2]
+    if k.shape[-2] != length:
+        raise ValueError(f"dca_attention is causal self-attention and needs Lq == Lk, got q {tuple(q.shape)} "
+                         f"and k {tuple(k.shape)}")
+    pretrain_len, chunk, local_window = _check_dca(pretrain_len, chunk, local_window)
+    in_dtype = q.dtype
+    work = _compute_dtype(in_dtype)
+    q, k, v = (t.to(work) for t in (q, k, v))
+    k_rot = apply_rope(k, torch.arange(length, device=k.device) % chunk, base=base)
+    outs, lses = [], []
+    for qpos, mask in zip(_dca_query_positions(length, pretrain_len, chunk, local_window, q.device),
+                          _dca_parts(length, chunk, q.device)):
+        o, lse = attention_with_lse(apply_rope(q, qpos, base=base), k_rot, v, mask, scale=scale)
+        outs.append(o)
+        lses.append(lse)
+    return merge_partials(outs, lses)[0].to(in_dtype)
+
+
+def dca_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pretrain_len: int, chunk: int,
+                            local_window: int, *, base: float = 10000.0, scale: float | None = None) -> torch.Tensor:
+    """`dca_attention` the slow way: for each query ``i``, rotate ``q_i`` by every relative position
+    ``M[i, j]`` of `dca_position_matrix` and dot it with the unrotated ``k_j``
+    (``<R(m) q, R(n) k> = <R(m - n) q, k>``), then causal softmax."""
+    _check_qkv(q, k, v)
+    length = q.shape[-2]
+    rel = dca_position_matrix(length, pretrain_len, chunk, local_window, device=q.device)
+    scale = _resolve_scale(scale, q)
+    rows = []
+    for i in range(length):
+        q_i = q[..., i:i + 1, :].expand(k.shape)                         # q_i repeated for every key
+        rows.append((apply_rope(q_i, rel[i].clamp(min=0), base=base) * k).sum(-1) * scale)
+    scores = torch.stack(rows, dim=-2)
+    return torch.softmax(scores.masked_fill(rel < 0, float("-inf")), dim=-1) @ v
