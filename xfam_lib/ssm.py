@@ -21,6 +21,7 @@ Conventions (see the book's conventions page and ``shared/API.md``):
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -36,6 +37,17 @@ __all__ = [
     "segsum",
     "associative_scan",
     "selective_scan",
+    "s4d_init",
+    "s4d_kernel",
+    "S4DLayer",
+    "shift_ssm_kernel",
+    "h3_mix",
+    "H3Layer",
+    "MambaBlock",
+    "ssd_scan",
+    "ssd_matrix",
+    "ssd_attention_form",
+    "ssd_chunked",
 ]
 
 _METHODS = ("zoh", "bilinear", "euler")
@@ -507,3 +519,382 @@ def _chunk_scan(log_decay, drive, C_l, chunk_size):
         ys.append((states.transpose(-1, -2) * C_l[:, :, s0:s1]).sum(-1))
         x = states[..., -1]
     return torch.cat(ys, dim=-1), x
+
+
+# ----------------------------------------------------------------------------- S4D (M9.5)
+_S4D_INITS = ("lin", "inv")
+
+
+def s4d_init(d_model: int, d_state: int, init: str = "lin") -> tuple[torch.Tensor, torch.Tensor]:
+    """The S4D initial eigenvalues ``A = A_re + i A_im``, each ``(d_model, d_state // 2)`` (Gu et al. 2022).
+
+    Only one of each conjugate pair is kept (``d_state`` must be even); the kernel adds the other
+    half as ``2 * Re``. Mode ``n = 0 .. N/2-1``, all with ``A_re = -1/2``:
+
+    * ``"lin"`` (S4D-Lin): ``A_im = pi n`` (frequencies on a linear grid, like a Fourier basis);
+    * ``"inv"`` (S4D-Inv): ``A_im = (N / pi) (N / (2n + 1) - 1)`` (an approximation of S4's HiPPO-LegS spectrum).
+    """
+    d_model = check_positive_int("d_model", d_model)
+    d_state = check_positive_int("d_state", d_state)
+    if d_state % 2:
+        raise ValueError(f"s4d_init: d_state must be even (conjugate pairs), got {d_state}")
+    if init not in _S4D_INITS:
+        raise ValueError(f"s4d_init: init must be one of {_S4D_INITS}, got {init!r}")
+    n = torch.arange(d_state // 2, dtype=torch.float32)
+    A_im = math.pi * n if init == "lin" else d_state / math.pi * (d_state / (2 * n + 1) - 1)
+    return torch.full((d_model, d_state // 2), -0.5), A_im.expand(d_model, -1).clone()
+
+
+def s4d_kernel(log_dt: torch.Tensor, A_re: torch.Tensor, A_im: torch.Tensor, C: torch.Tensor,
+               length: int) -> torch.Tensor:
+    """The real S4D convolution kernel ``(H, L)``: ``K_k = 2 Re sum_n C_n Bbar_n exp(dt A_n)^k``.
+
+    ``log_dt (H,)``; ``A_re, A_im, C (H, N/2)`` with ``C`` complex (``B = 1`` is folded into ``C``,
+    as in S4D); ``A_re <= 0`` for a decaying kernel. ZOH: ``Bbar_n = (exp(dt A_n) - 1) / A_n``
+    (computed as ``dt * phi1(dt A_n)``, so ``A_n = 0`` is fine). The ``N/2`` modes stand for ``N``
+    in conjugate pairs; their sum is real, hence ``2 Re``. The powers are ``exp(k dt A_n)`` (a
+    Vandermonde matrix), never repeated products, so the kernel stays accurate at any length.
+    """
+    length = check_positive_int("length", length)
+    for name, t in (("log_dt", log_dt), ("A_re", A_re), ("A_im", A_im)):
+        check_tensor(name, t, floating=True)
+    _check_numeric("C", C, min_rank=2)
+    if log_dt.dim() != 1 or A_re.dim() != 2 or A_re.shape[0] != log_dt.shape[0] \
+            or A_im.shape != A_re.shape or C.shape != A_re.shape:
+        raise ValueError(f"s4d_kernel: need log_dt (H,) and A_re, A_im, C (H, N/2); got log_dt "
+                         f"{tuple(log_dt.shape)}, A_re {tuple(A_re.shape)}, A_im {tuple(A_im.shape)}, "
+                         f"C {tuple(C.shape)}")
+    real = _real_dtype(_work_dtype(log_dt.dtype, A_re.dtype, A_im.dtype, C.dtype))
+    cplx = torch.complex128 if real == torch.float64 else torch.complex64
+    dt = torch.exp(log_dt.to(real))[:, None]                             # (H, 1)
+    dtA = dt * torch.complex(A_re.to(real), A_im.to(real))               # (H, N/2)
+    C_bar = C.to(cplx) * dt * _phi1(dtA)                                 # C * B_bar, ZOH
+    k = torch.arange(length, device=dtA.device, dtype=real)
+    K = (C_bar[..., None] * torch.exp(dtA[..., None] * k)).sum(-2)       # (H, L)
+    return (2 * K.real).to(_out_dtype(log_dt.dtype, A_re.dtype, A_im.dtype, _real_dtype(C.dtype)))
+
+
+def _check_sequence(name: str, x: torch.Tensor, d_model: int) -> None:
+    check_tensor(name, x, floating=True)
+    if x.dim() != 3 or x.shape[-1] != d_model or x.shape[1] == 0:
+        raise ValueError(f"{name} must be (batch, L, d_model) with d_model = {d_model} and L >= 1, "
+                         f"got {tuple(x.shape)}")
+
+
+def _long_conv(u: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    """Per-channel causal FFT convolution of ``u (batch, L, H)`` with ``K (H, L)``."""
+    return ssm_convolve(u.transpose(1, 2), K).transpose(1, 2)
+
+
+class S4DLayer(torch.nn.Module):
+    """One S4D layer (Gu et al. 2022): ``d_model`` independent diagonal SSMs, one per channel.
+
+    ``x (batch, L, d_model)`` → ``(batch, L, d_model)``: ``y = K * x + D x`` per channel (``K`` from
+    `s4d_kernel`, FFT convolution), then GELU and a position-wise linear map to ``2 d_model``
+    followed by a GLU, as in the reference ``s4d.py``. Parameters: ``log_dt (H,)`` drawn
+    log-uniformly in ``[dt_min, dt_max]``, ``log_A_re`` (so ``A_re = -exp(log_A_re) < 0``),
+    ``A_im`` (`s4d_init`), complex ``C`` stored as ``(H, N/2, 2)`` reals, ``D (H,)``.
+    """
+
+    def __init__(self, d_model: int, d_state: int = 64, init: str = "lin", dt_min: float = 1e-3,
+                 dt_max: float = 1e-1):
+        super().__init__()
+        A_re, A_im = s4d_init(d_model, d_state, init)
+        self.d_model = d_model
+        self.log_dt = torch.nn.Parameter(torch.rand(d_model) * (math.log(dt_max) - math.log(dt_min))
+                                         + math.log(dt_min))
+        self.log_A_re = torch.nn.Parameter(torch.log(-A_re))
+        self.A_im = torch.nn.Parameter(A_im)
+        self.C = torch.nn.Parameter(torch.view_as_real(torch.randn(d_model, d_state // 2, dtype=torch.cfloat)))
+        self.D = torch.nn.Parameter(torch.randn(d_model))
+        self.out = torch.nn.Linear(d_model, 2 * d_model)
+
+    def kernel(self, length: int) -> torch.Tensor:
+        """The current convolution kernel ``(d_model, length)``."""
+        return s4d_kernel(self.log_dt, -torch.exp(self.log_A_re), self.A_im, torch.view_as_complex(self.C), length)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_sequence("S4DLayer: x", x, self.d_model)
+        y = _long_conv(x, self.kernel(x.shape[1]).to(x.dtype)) + self.D * x
+        return F.glu(self.out(F.gelu(y)), dim=-1)
+
+
+# ----------------------------------------------------------------------------- H3 (M9.7)
+def shift_ssm_kernel(c: torch.Tensor, length: int) -> torch.Tensor:
+    """Kernel of H3's shift SSM: ``A`` the ``N x N`` shift matrix, ``B = e_0``, ``C = c``.
+
+    ``c (..., N)`` → ``K (..., L)``: ``K_k = c A^k e_0 = c_k`` for ``k < N`` and 0 after (``A^N = 0``),
+    a finite impulse response: ``y_t = sum_{k < N} c_k u_{t-k}``, a short causal convolution.
+    """
+    length = check_positive_int("length", length)
+    check_tensor("c", c, min_rank=1, floating=True)
+    n = c.shape[-1]
+    return F.pad(c, (0, length - n)) if length >= n else c[..., :length]
+
+
+def h3_mix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shift_K: torch.Tensor, diag_K: torch.Tensor,
+           D: torch.Tensor | None = None) -> torch.Tensor:
+    """H3's core (Fu et al. 2023): ``O = Q ⊙ SSM_diag(SSM_shift(K) ⊙ V)``, per head, with outer products.
+
+    ``q, k, v (batch, L, H, d_h)``; ``shift_K (H, d_h, L)`` one kernel per key channel; ``diag_K
+    (H, d_h, d_h, L)`` one kernel per entry of the ``d_h x d_h`` state ``k̄_t v_t^T``; ``D (H, d_h, d_h)``
+    the diagonal SSM's skip. Returns ``(batch, L, H, d_h)``:
+    ``o_t[j] = sum_i q_t[i] (sum_{s<=t} diag_K[i, j, t-s] k̄_s[i] v_s[j] + D[i, j] k̄_t[i] v_t[j])``.
+    With ``shift_K = e_0`` (identity), ``diag_K = 1`` (no decay) and ``D = 0`` this is causal linear
+    attention ``o_t = q_t sum_{s<=t} k_s^T v_s`` per head.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, floating=True)
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"h3_mix: q, k, v must all be (batch, L, H, d_h), got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    _, length, heads, dh = q.shape
+    if tuple(shift_K.shape) != (heads, dh, length) or tuple(diag_K.shape) != (heads, dh, dh, length) \
+            or (D is not None and tuple(D.shape) != (heads, dh, dh)):
+        raise ValueError(f"h3_mix: need shift_K (H, d_h, L) = {(heads, dh, length)}, diag_K (H, d_h, d_h, L) = "
+                         f"{(heads, dh, dh, length)}, D (H, d_h, d_h); got shift_K {tuple(shift_K.shape)}, "
+                         f"diag_K {tuple(diag_K.shape)}, D {None if D is None else tuple(D.shape)}")
+    out = q.dtype
+    q, k, v = (t.to(_work_dtype(t.dtype)) for t in (q, k, v))
+    k_bar = ssm_convolve(k.permute(0, 2, 3, 1), shift_K.to(k.dtype))             # (b, H, d_h, L)
+    kv = k_bar[:, :, :, None] * v.permute(0, 2, 3, 1)[:, :, None]                # (b, H, i, j, L)
+    state = ssm_convolve(kv, diag_K.to(kv.dtype))
+    if D is not None:
+        state = state + D.to(kv.dtype)[..., None] * kv
+    return torch.einsum("blhi,bhijl->blhj", q, state).to(out)
+
+
+class H3Layer(torch.nn.Module):
+    """The H3 layer (Fu et al. 2023): SSM-built linear attention with a shift SSM and a diagonal SSM.
+
+    ``x (batch, L, d_model)`` → ``(batch, L, d_model)``. ``q, k, v`` are three linear projections of
+    ``x`` (ERRATA E9.3), split into ``H = d_model / head_dim`` heads; then `h3_mix` with a learnt
+    shift kernel (`shift_ssm_kernel` of ``c (H, d_h, d_state)``) on ``k`` and an S4D diagonal SSM
+    (S4D-Lin, one per entry of the ``d_h x d_h`` state) on ``k̄ ⊙ v``, and an output projection.
+    """
+
+    def __init__(self, d_model: int, d_state: int = 64, head_dim: int = 1, dt_min: float = 1e-3,
+                 dt_max: float = 1e-1):
+        super().__init__()
+        if d_model % head_dim:
+            raise ValueError(f"H3Layer: head_dim must divide d_model, got d_model {d_model}, head_dim {head_dim}")
+        self.d_model, self.head_dim, self.heads = d_model, head_dim, d_model // head_dim
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.out = torch.nn.Linear(d_model, d_model)
+        self.shift_c = torch.nn.Parameter(torch.randn(self.heads, head_dim, d_state) / math.sqrt(d_state))
+        self.diag = S4DLayer(self.heads * head_dim * head_dim, d_state, "lin", dt_min, dt_max)
+
+    def kernels(self, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(shift_K (H, d_h, L), diag_K (H, d_h, d_h, L), D (H, d_h, d_h))`` for `h3_mix`."""
+        shape = (self.heads, self.head_dim, self.head_dim)
+        return (shift_ssm_kernel(self.shift_c, length), self.diag.kernel(length).reshape(*shape, length),
+                self.diag.D.reshape(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_sequence("H3Layer: x", x, self.d_model)
+        b, length, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, length, 3, self.heads, self.head_dim).unbind(2)
+        return self.out(h3_mix(q, k, v, *self.kernels(length)).reshape(b, length, self.d_model))
+
+
+# ----------------------------------------------------------------------------- Mamba block (M9.10)
+class MambaBlock(torch.nn.Module):
+    """The Mamba mixer (Gu & Dao 2023), with the parameter names of the reference ``mamba_simple.Mamba``.
+
+    ``x (batch, L, d_model)`` → ``(batch, L, d_model)``, with ``E = expand * d_model`` inner channels:
+
+    1. ``in_proj``: ``x -> (u, z)``, each ``(batch, E, L)``;
+    2. ``conv1d``: a causal depthwise convolution of width ``d_conv`` on ``u``, then SiLU;
+    3. ``x_proj``: ``u -> (dt (dt_rank), B (N), C (N))`` per position, and ``dt_proj`` lifts ``dt``
+       to ``E`` channels: the step ``delta = softplus(dt_proj(dt))`` is input dependent;
+    4. `selective_scan` with ``A = -exp(A_log) (E, N)``, ``D``, and the gate ``z``: ``y * silu(z)``;
+    5. ``out_proj``: ``E -> d_model``.
+
+    ``dt_rank="auto"`` is ``ceil(d_model / 16)``. Initialisation as the reference: ``A = -(1..N)``
+    (S4D-Real), ``D = 1``, ``dt_proj.bias`` the inverse softplus of steps log-uniform in
+    ``[dt_min, dt_max]``. `step` decodes one token from a fixed-size state (`init_state`).
+    """
+
+    def __init__(self, d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2, dt_rank="auto",
+                 dt_min: float = 1e-3, dt_max: float = 1e-1, dt_init_floor: float = 1e-4, conv_bias: bool = True,
+                 bias: bool = False):
+        super().__init__()
+        for name, val in (("d_model", d_model), ("d_state", d_state), ("d_conv", d_conv), ("expand", expand)):
+            check_positive_int(name, val)
+        self.d_model, self.d_state, self.d_conv = d_model, d_state, d_conv
+        self.d_inner = expand * d_model
+        self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else check_positive_int("dt_rank", dt_rank)
+        e = self.d_inner
+        self.in_proj = torch.nn.Linear(d_model, 2 * e, bias=bias)
+        self.conv1d = torch.nn.Conv1d(e, e, d_conv, groups=e, padding=d_conv - 1, bias=conv_bias)
+        self.x_proj = torch.nn.Linear(e, self.dt_rank + 2 * d_state, bias=False)
+        self.dt_proj = torch.nn.Linear(self.dt_rank, e, bias=True)
+        self.A_log = torch.nn.Parameter(torch.log(torch.arange(1, d_state + 1, dtype=torch.float32)).repeat(e, 1))
+        self.D = torch.nn.Parameter(torch.ones(e))
+        self.out_proj = torch.nn.Linear(e, d_model, bias=bias)
+        with torch.no_grad():
+            std = self.dt_rank ** -0.5
+            self.dt_proj.weight.uniform_(-std, std)
+            dt = torch.exp(torch.rand(e) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+            dt = dt.clamp(min=dt_init_floor)
+            self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+
+    def _A(self) -> torch.Tensor:
+        """``A = -exp(A_log) (E, N)``, in at least fp32 (a half ``A_log`` is exponentiated in fp32)."""
+        return -torch.exp(self.A_log.to(_work_dtype(self.A_log.dtype)))
+
+    def _ssm_params(self, u: torch.Tensor):
+        """``u (..., E)`` → ``dt (..., E)`` (before bias and softplus), ``B, C (..., N)``."""
+        dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        return dt @ self.dt_proj.weight.T, B, C
+
+    def forward(self, x: torch.Tensor, *, mode: str = "chunk", chunk_size: int = 64, return_state: bool = False):
+        """``x (batch, L, d_model)`` → ``y``, or ``(y, state)`` for `step` to continue from."""
+        _check_sequence("MambaBlock: x", x, self.d_model)
+        length = x.shape[1]
+        u, z = self.in_proj(x).transpose(1, 2).chunk(2, dim=1)                      # (b, E, L) each
+        uc = F.silu(self.conv1d(u)[..., :length])                                    # causal: drop the tail
+        dt, B, C = self._ssm_params(uc.transpose(1, 2))
+        y, ssm_state = selective_scan(uc, dt.transpose(1, 2), self._A(), B.transpose(1, 2), C.transpose(1, 2),
+                                      self.D, z, self.dt_proj.bias, True, True, mode=mode, chunk_size=chunk_size)
+        out = self.out_proj(y.transpose(1, 2))
+        if not return_state:
+            return out
+        conv_state = F.pad(u, (max(0, self.d_conv - length), 0))[..., -self.d_conv:]  # last d_conv inputs
+        return out, (conv_state, ssm_state)
+
+    def init_state(self, batch: int, device=None, dtype=torch.float32):
+        """Zero state ``(conv_state (batch, E, d_conv), ssm_state (batch, E, N))``; its size is fixed in ``L``."""
+        return (torch.zeros(batch, self.d_inner, self.d_conv, device=device, dtype=dtype),
+                torch.zeros(batch, self.d_inner, self.d_state, device=device, dtype=dtype))
+
+    def step(self, x_t: torch.Tensor, state):
+        """One token ``x_t (batch, d_model)`` → ``(y_t (batch, d_model), new state)``; O(1) in the position.
+
+        The recurrence of the full forward: the conv window shifts by one, and
+        ``h = exp(delta A) h + delta B u``, ``y = <h, C> + D u``, ``y *= silu(z)``. The state is not
+        modified in place.
+        """
+        check_tensor("x_t", x_t, floating=True)
+        if x_t.dim() != 2 or x_t.shape[-1] != self.d_model:
+            raise ValueError(f"MambaBlock.step: x_t must be (batch, d_model) with d_model = {self.d_model}, "
+                             f"got {tuple(x_t.shape)}")
+        conv_state, h = state
+        expect = ((x_t.shape[0], self.d_inner, self.d_conv), (x_t.shape[0], self.d_inner, self.d_state))
+        if (tuple(conv_state.shape), tuple(h.shape)) != expect:
+            raise ValueError(f"MambaBlock.step: state must be (conv_state {expect[0]}, ssm_state {expect[1]}), "
+                             f"got ({tuple(conv_state.shape)}, {tuple(h.shape)})")
+        u, z = self.in_proj(x_t).chunk(2, dim=-1)                                    # (b, E)
+        conv_state = torch.cat([conv_state[..., 1:], u[..., None].to(conv_state.dtype)], dim=-1)
+        uc = (conv_state * self.conv1d.weight[:, 0]).sum(-1)
+        if self.conv1d.bias is not None:
+            uc = uc + self.conv1d.bias
+        uc = F.silu(uc)
+        dt, B, C = self._ssm_params(uc)
+        delta = F.softplus(dt + self.dt_proj.bias)
+        h = torch.exp(delta[..., None] * self._A()) * h + (delta * uc)[..., None] * B[:, None].to(h.dtype)
+        y = (h * C[:, None]).sum(-1) + self.D * uc
+        y = y * F.silu(z)
+        return self.out_proj(y.to(x_t.dtype)), (conv_state, h)
+
+
+# ----------------------------------------------------------------------------- Mamba-2 / SSD (M9.11)
+def _check_ssd(fn: str, x, a, B, C):
+    """``x (batch, L, H, P)``, ``a (batch, L, H)``, ``B, C (batch, L, G, N)`` with ``G`` dividing ``H``."""
+    for name, t in (("x", x), ("a", a), ("B", B), ("C", C)):
+        check_tensor(name, t, floating=True)
+    if x.dim() != 4 or x.shape[1] == 0:
+        raise ValueError(f"{fn}: x must be (batch, L, H, P) with L >= 1, got {tuple(x.shape)}")
+    batch, length, heads, _ = x.shape
+    if tuple(a.shape) != (batch, length, heads):
+        raise ValueError(f"{fn}: a must be (batch, L, H) = {(batch, length, heads)} (x {tuple(x.shape)}), "
+                         f"got {tuple(a.shape)}")
+    for name, t in (("B", B), ("C", C)):
+        if t.dim() != 4 or tuple(t.shape[:2]) != (batch, length) or t.shape[2] == 0 or heads % t.shape[2] \
+                or t.shape[-1] != B.shape[-1]:
+            raise ValueError(f"{fn}: {name} must be (batch, L, G, N) with (batch, L) = {(batch, length)}, G dividing "
+                             f"H = {heads} and N shared by B and C; got B {tuple(B.shape)}, C {tuple(C.shape)}")
+    work = _work_dtype(x.dtype, a.dtype, B.dtype, C.dtype)
+    rep = heads // B.shape[2]
+    return (x.to(work), a.to(work), B.to(work).repeat_interleave(rep, dim=2),
+            C.to(work).repeat_interleave(heads // C.shape[2], dim=2))
+
+
+def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor, initial_state=None,
+             return_final_state: bool = False):
+    """Loop reference for the scalar-decay SSM of Mamba-2 (SSD), one step at a time.
+
+    ``x (batch, L, H, P)``, log decays ``a (batch, L, H)`` (``a = delta * A <= 0``), ``B, C (batch, L,
+    G, N)`` (``G`` groups shared by ``H / G`` heads each). Per head, with a ``(P, N)`` state:
+    ``h_t = exp(a_t) h_{t-1} + x_t B_t^T``, ``y_t = h_t C_t``. Returns ``y (batch, L, H, P)`` in ``x``'s
+    dtype, and the final state ``(batch, H, P, N)`` if asked. (Mamba-2's ``x`` here is ``delta * x``.)
+    """
+    out = x.dtype
+    x, a, B, C = _check_ssd("ssd_scan", x, a, B, C)
+    batch, length, heads, p = x.shape
+    h = x.new_zeros(batch, heads, p, B.shape[-1]) if initial_state is None else initial_state.to(x.dtype)
+    ys = []
+    for t in range(length):
+        h = torch.exp(a[:, t])[..., None, None] * h + x[:, t, :, :, None] * B[:, t, :, None, :]
+        ys.append((h * C[:, t, :, None, :]).sum(-1))
+    y = torch.stack(ys, dim=1).to(out)
+    return (y, h) if return_final_state else y
+
+
+def ssd_matrix(a: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+    """The semiseparable matrix ``M = (C B^T) ∘ L``, ``L[t, s] = exp(a_{s+1} + ... + a_t)`` for ``s <= t``.
+
+    ``a (batch, L, H)``, ``B, C (batch, L, H, N)`` → ``M (batch, H, L, L)``, lower triangular: the SSD
+    "attention" matrix (Dao & Gu 2024), so that ``y = M x``.
+    """
+    decay = torch.exp(segsum(a.transpose(1, 2)))                                # (b, H, L, L)
+    return torch.einsum("bthn,bshn->bhts", C, B) * decay
+
+
+def ssd_attention_form(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+    """SSD as masked attention: ``y = ((C B^T) ∘ L) x`` per head, the quadratic form (see `ssd_matrix`).
+
+    Shapes as in `ssd_scan`; equal to it (with a zero initial state). Queries are ``C``, keys ``B``,
+    values ``x``, and the causal mask carries the decays ``L``: linear attention with a scalar gate.
+    """
+    out = x.dtype
+    x, a, B, C = _check_ssd("ssd_attention_form", x, a, B, C)
+    return torch.einsum("bhts,bshp->bthp", ssd_matrix(a, B, C), x).to(out)
+
+
+def ssd_chunked(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int = 64,
+                initial_state=None, return_final_state: bool = False):
+    """The SSD chunked algorithm (Dao & Gu 2024, after ``ssd_minimal.py``); shapes as in `ssd_scan`.
+
+    ``L`` is cut into chunks of ``chunk_size`` (a ragged tail is padded with ``a = 0``, ``x = B = C = 0``,
+    which changes neither the outputs nor the final state). Four steps:
+
+    1. inside each chunk, the attention form (`ssd_matrix` on the chunk);
+    2. each chunk's own end state ``sum_s exp(a_{s+1} + ... + a_end) x_s B_s^T``;
+    3. a recurrence over chunks passing states from chunk to chunk (scalar decays per chunk);
+    4. each position reads the state that entered its chunk, decayed to it, through ``C_t``.
+
+    Cost ``O(L T (N + P))`` for chunk length ``T`` instead of ``O(L^2)``; equal to `ssd_scan`.
+    """
+    chunk_size = check_positive_int("chunk_size", chunk_size)
+    out = x.dtype
+    x, a, B, C = _check_ssd("ssd_chunked", x, a, B, C)
+    batch, length, heads, p = x.shape
+    pad = (-length) % chunk_size
+    x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))
+    a = F.pad(a, (0, 0, 0, pad))
+    n_chunks = (length + pad) // chunk_size
+    x, a, B, C = (t.reshape(batch, n_chunks, chunk_size, *t.shape[2:]) for t in (x, a, B, C))
+    a = a.permute(0, 3, 1, 2)                                                    # (b, H, c, T)
+
+    y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, torch.exp(segsum(a)), x)        # step 1
+    to_end = F.pad(a.flip(-1).cumsum(-1)[..., :-1], (1, 0)).flip(-1)           # a_{s+1} + ... + a_{T-1}
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, torch.exp(to_end), x)                    # step 2
+    init = states.new_zeros(batch, 1, heads, p, B.shape[-1]) if initial_state is None \
+        else initial_state.to(states.dtype)[:, None]
+    states = torch.cat([init, states], dim=1)                                    # (b, c+1, H, P, N)
+    chunk_decay = torch.exp(segsum(F.pad(a.sum(-1), (1, 0))))                  # (b, H, c+1, c+1)
+    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)                              # step 3
+    y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states[:, :-1], torch.exp(a.cumsum(-1)))  # step 4
+    y = (y_diag + y_off).reshape(batch, n_chunks * chunk_size, heads, p)[:, :length].to(out)
+    return (y, states[:, -1]) if return_final_state else y
