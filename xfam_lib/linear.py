@@ -1,5 +1,7 @@
 """Linear attention (Chapter 8): kernel linear attention in its parallel, recurrent and chunkwise
-forms, gated linear attention (GLA), retention, and the Taylor-2 feature map.
+forms, gated linear attention (GLA), retention, and the Taylor-2 feature map; Linformer; random
+features (Fourier/RFA, Performer's positive and orthogonal features); the recall error of a fixed
+state; the gate parameterisations of GLA's Table 1 as log gates.
 
 Conventions (see ``shared/API.md``):
 
@@ -31,6 +33,19 @@ __all__ = [
     "gated_linear_attention",
     "retention",
     "taylor2_features",
+    "linformer_attention",
+    "sample_rff",
+    "rff_features",
+    "positive_random_features",
+    "orthogonal_gaussian",
+    "random_feature_kernel",
+    "rfa_attention",
+    "performer_attention",
+    "recall_error",
+    "capacity_curve",
+    "GATE_KINDS",
+    "gate_admits_chunking",
+    "make_log_gate",
 ]
 
 _LINEAR_MODES = ("parallel", "recurrent", "chunk")
@@ -395,3 +410,290 @@ def retention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma, *, mode:
         raise TypeError(f"gamma must be a number or a tensor, got {type(gamma).__name__}")
     log_g = log_gamma[..., None, None].expand(k.shape)               # the same gate on every step and key dim
     return gated_linear_attention(q, k, v, log_g, mode=mode, chunk_size=chunk_size, scale=1.0)
+
+
+# ----------------------------------------------------------------------------- Linformer (M8.3)
+def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, E: torch.Tensor, F: torch.Tensor, *,
+                        scale: float | None = None) -> torch.Tensor:
+    """Linformer (Wang et al. 2020): softmax attention over ``r`` projected keys and values, non-causal.
+
+    ``q, k (..., L, d_k)``, ``v (..., L, d_v)``; ``E, F (r, L)`` (or ``(..., r, L)``, one per head) mix
+    the ``L`` positions into ``r``: ``K' = E K``, ``V' = F V``, ``out = softmax(scale Q K'^T) V'``,
+    ``(..., L, d_v)``. The scores are ``L x r``, not ``L x L``. With ``r = L`` and ``E = F = I``
+    this is full attention. ``scale=None`` means ``1/sqrt(d_k)``. Half precision runs in fp32.
+    """
+    _check_qkv(q, k, v)
+    length = k.shape[-2]
+    for name, P in (("E", E), ("F", F)):
+        check_tensor(name, P, min_rank=2, floating=True)
+        if P.shape[-1] != length:
+            raise ValueError(f"{name} must be (r, L) with L = {length} (the length of k {tuple(k.shape)}), "
+                             f"got {tuple(P.shape)}")
+        _check_aux_dtype(name, P, q)
+    if E.shape[-2] != F.shape[-2]:
+        raise ValueError(f"E and F must project to the same r, got E {tuple(E.shape)} and F {tuple(F.shape)}")
+    scale = _resolve_scale(scale, q.shape[-1])
+    in_dtype = q.dtype
+    cdtype = _compute_dtype(in_dtype)
+    q, k, v, E, F = (x.to(cdtype) for x in (q, k, v, E, F))
+    k_proj, v_proj = E @ k, F @ v                                    # (..., r, d_k), (..., r, d_v)
+    weights = torch.softmax(scale * q @ k_proj.transpose(-2, -1), dim=-1)   # (..., L, r)
+    return (weights @ v_proj).to(in_dtype)
+
+
+# ----------------------------------------------------------------------------- random features (M8.5, M8.6, M8.7)
+def _generator(seed) -> torch.Generator:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    return torch.Generator().manual_seed(int(seed))
+
+
+def sample_rff(D: int, d: int, sigma: float = 1.0, seed: int = 0, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``D`` random frequencies ``w ~ N(0, sigma^-2 I_d)`` as a ``(D, d)`` matrix (CPU; move it with ``.to``).
+
+    With `rff_features`, ``E[phi(x) . phi(y)] = exp(-|x - y|^2 / (2 sigma^2))`` (the Gaussian kernel of
+    width ``sigma``; note the frequencies' variance is ``1/sigma^2``, not ``sigma^2``).
+    """
+    D, d = check_positive_int("D", D), check_positive_int("d", d)
+    if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or not math.isfinite(sigma) or sigma <= 0:
+        raise ValueError(f"sigma must be a positive finite number, got {sigma!r}")
+    return torch.randn(D, d, generator=_generator(seed), dtype=dtype) / sigma
+
+
+def _check_features_W(x: torch.Tensor, W: torch.Tensor) -> None:
+    check_tensor("x", x, min_rank=1, floating=True)
+    check_tensor("W", W, rank=2, floating=True)
+    if W.shape[1] != x.shape[-1]:
+        raise ValueError(f"W must be (m, d) with d = {x.shape[-1]} (the last dim of x {tuple(x.shape)}), "
+                         f"got {tuple(W.shape)}")
+
+
+def rff_features(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """Random Fourier features (Rahimi & Recht 2007): ``x (..., d)``, ``W (D, d)`` → ``(..., 2D)``,
+    ``phi(x) = [cos(W x), sin(W x)] / sqrt(D)``, so ``phi(x) . phi(y) = mean_i cos(w_i . (x - y))``."""
+    _check_features_W(x, W)
+    proj = x @ W.to(x.dtype).T
+    return torch.cat([proj.cos(), proj.sin()], dim=-1) / math.sqrt(W.shape[0])
+
+
+def positive_random_features(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """Performer's positive features (FAVOR+, Choromanski et al. 2021): ``x (..., d)``, ``W (m, d)`` → ``(..., m)``,
+    ``phi(x) = exp(W x - |x|^2 / 2) / sqrt(m)``; with ``w ~ N(0, I)``, ``E[phi(x) . phi(y)] = exp(x . y)``."""
+    _check_features_W(x, W)
+    return torch.exp(x @ W.to(x.dtype).T - 0.5 * x.pow(2).sum(-1, keepdim=True)) / math.sqrt(W.shape[0])
+
+
+def orthogonal_gaussian(m: int, d: int, seed: int = 0, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(m, d)`` Gaussian rows, orthogonal within each block of ``d`` rows (Performer's ORF).
+
+    Each block is the ``Q`` of the QR decomposition of a ``d x d`` Gaussian matrix (sign-fixed, so
+    Haar-distributed); row ``i`` is then rescaled to the norm of an independent ``N(0, I_d)`` vector
+    (chi with ``d`` degrees of freedom), so every row is marginally ``N(0, I_d)`` like i.i.d. draws.
+    The last block is cut to ``m mod d`` rows.
+    """
+    m, d = check_positive_int("m", m), check_positive_int("d", d)
+    gen = _generator(seed)
+    blocks = []
+    for _ in range(-(-m // d)):
+        Q, R = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
+        blocks.append((Q * torch.sign(torch.diagonal(R))).T)        # rows orthonormal
+    rows = torch.cat(blocks)[:m]
+    norms = torch.randn(m, d, generator=gen, dtype=torch.float64).norm(dim=-1, keepdim=True)
+    return (rows * norms).to(dtype)
+
+
+def random_feature_kernel(x: torch.Tensor, y: torch.Tensor, W: torch.Tensor, kind: str = "positive") -> torch.Tensor:
+    """Random-feature estimate of the softmax kernel ``exp(x . y)``: ``x (..., n, d)``, ``y (..., n', d)`` → ``(..., n, n')``.
+
+    ``kind="positive"``: ``phi+(x) . phi+(y)`` (`positive_random_features`; every estimate > 0).
+    ``kind="trig"``: ``exp(|x|^2/2) exp(|y|^2/2) rff(x) . rff(y)`` (`rff_features` with ``sigma = 1``;
+    may be negative). Both are unbiased for ``w ~ N(0, I)``; their variances differ.
+    """
+    check_tensor("x", x, min_rank=2, floating=True)
+    check_tensor("y", y, min_rank=2, floating=True)
+    if kind == "positive":
+        return positive_random_features(x, W) @ positive_random_features(y, W).transpose(-2, -1)
+    if kind == "trig":
+        gx = (0.5 * x.pow(2).sum(-1, keepdim=True)).exp() * rff_features(x, W)
+        gy = (0.5 * y.pow(2).sum(-1, keepdim=True)).exp() * rff_features(y, W)
+        return gx @ gy.transpose(-2, -1)
+    raise ValueError(f"kind must be 'positive' or 'trig', got {kind!r}")
+
+
+def rfa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, W: torch.Tensor, *, causal: bool = False,
+                  mode: str = "parallel", chunk_size: int = 64, eps: float = 0.0) -> torch.Tensor:
+    """Random Feature Attention (Peng et al. 2021): softmax attention ``softmax(Q K^T) V`` estimated with
+    trigonometric random features, M8.6.
+
+    ``q, k (..., L, d)``, ``v (..., L, d_v)``, ``W (D, d)`` with rows ``~ N(0, I)`` (`sample_rff` with
+    ``sigma=1``) → ``(..., L, d_v)``. ``exp(q . k) = exp(|q|^2/2) exp(|k|^2/2) exp(-|q - k|^2/2)``: the last
+    factor is ``E[rff(q) . rff(k)]``, the query factor cancels in the normalisation and is left out,
+    the key factor multiplies ``rff(k)``. No scaling of ``q`` (pass ``q, k`` times ``d**-0.25`` for
+    ``1/sqrt(d)``). ``causal`` and ``mode`` (``"parallel"``, ``"recurrent"``: the constant-size state,
+    ``"chunk"``) are those of `linear_attention`. The kernel estimate is unbiased but the ratio is not,
+    and the estimated denominator can be ``<= 0`` (trigonometric features are not positive).
+    """
+    _check_qkv(q, k, v)
+    _check_features_W(q, W)
+    in_dtype = q.dtype
+    cdtype = _compute_dtype(in_dtype)
+    q, k, v, W = q.to(cdtype), k.to(cdtype), v.to(cdtype), W.to(cdtype)
+    fq = rff_features(q, W)
+    fk = (0.5 * k.pow(2).sum(-1, keepdim=True)).exp() * rff_features(k, W)
+    out = linear_attention(fq, fk, v, feature_map="identity", causal=causal, mode=mode, chunk_size=chunk_size, eps=eps)
+    return out.to(in_dtype)
+
+
+def performer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_features: int = 256, *,
+                        causal: bool = False, orthogonal: bool = True, seed: int = 0, W: torch.Tensor | None = None,
+                        scale: float | None = None, mode: str = "parallel", chunk_size: int = 64) -> torch.Tensor:
+    """Performer's FAVOR+ (Choromanski et al. 2021): ``softmax(scale Q K^T) V`` estimated with positive
+    random features, M8.7.
+
+    ``q, k (..., L, d)``, ``v (..., L, d_v)`` → ``(..., L, d_v)``. Features: `positive_random_features` of
+    ``x sqrt(scale)`` (``scale=None`` means ``1/sqrt(d)``) with ``W (n_features, d)`` from
+    `orthogonal_gaussian` (``orthogonal=True``) or i.i.d. ``N(0, I)``, drawn from ``seed``; pass ``W``
+    to fix it. ``causal``, ``mode``, ``chunk_size`` as in `linear_attention` (``eps = 0``: the features are
+    positive). Overflow guard: each query's exponents are shifted by their own maximum, every key's by
+    the constant ``max_i |w_i|^2 / 2`` (``w . x - |x|^2/2 <= |w|^2/2``), which depends on ``W`` only;
+    both cancel in the ratio. A shift by the maximum over all keys (as in performer-pytorch) would
+    make causal outputs depend on future keys.
+    """
+    _check_qkv(q, k, v)
+    n_features = check_positive_int("n_features", n_features)
+    d = q.shape[-1]
+    scale = _resolve_scale(scale, d)
+    in_dtype = q.dtype
+    cdtype = _compute_dtype(in_dtype)
+    if W is None:
+        W = orthogonal_gaussian(n_features, d, seed) if orthogonal else torch.randn(n_features, d, generator=_generator(seed))
+        W = W.to(device=q.device, dtype=cdtype)
+    else:
+        _check_features_W(q, W)
+        if W.shape[0] != n_features:
+            raise ValueError(f"W must have n_features = {n_features} rows, got W {tuple(W.shape)}")
+        W = W.to(cdtype)
+    root = math.sqrt(scale)
+    q, k, v = q.to(cdtype) * root, k.to(cdtype) * root, v.to(cdtype)
+
+    def exponents(x):                                                # w . x - |x|^2 / 2, (..., L, m)
+        return x @ W.T - 0.5 * x.pow(2).sum(-1, keepdim=True)
+
+    eq = exponents(q)
+    fq = torch.exp(eq - eq.amax(-1, keepdim=True).detach())
+    fk = torch.exp(exponents(k) - 0.5 * W.pow(2).sum(-1).max())
+    out = linear_attention(fq, fk, v, feature_map="identity", causal=causal, mode=mode, chunk_size=chunk_size, eps=0.0)
+    return out.to(in_dtype)
+
+
+# ----------------------------------------------------------------------------- fixed-state capacity (M8.11)
+def recall_error(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Relative recall error of a linear-attention state that stores ``n`` key-value pairs, M8.11.
+
+    ``keys (..., n, d_k)``, ``values (..., n, d_v)`` → ``(...)``: ``S = sum_j k_j v_j^T`` (the state of
+    non-causal `linear_attention` with the identity map, no normalisation); each key reads
+    ``k_i^T S = (k_i . k_i) v_i + sum_{j != i} (k_i . k_j) v_j`` (the crosstalk), and the error is
+    ``|K S - V|_F / |V|_F``. Zero for orthonormal keys (so ``n <= d_k``); about ``sqrt((n - 1) / d_k)``
+    for random unit keys.
+    """
+    read = linear_attention(keys, keys, values, feature_map="identity", normalize=False)
+    return (read - values).flatten(-2).norm(dim=-1) / values.flatten(-2).norm(dim=-1)
+
+
+def capacity_curve(d: int, ns, *, trials: int = 20, orthonormal: bool = False, seed: int = 0) -> torch.Tensor:
+    """Mean `recall_error` over ``trials`` draws of ``n`` pairs in dimension ``d``, for each ``n`` in ``ns`` → ``(len(ns),)``.
+
+    Keys are random unit vectors, or (``orthonormal=True``, needs ``n <= d``) orthonormal ones; values
+    are standard Gaussian ``(n, d)``. fp64 on the CPU.
+    """
+    d, trials = check_positive_int("d", d), check_positive_int("trials", trials)
+    ns = [check_positive_int("ns[i]", n) for n in ns]
+    gen = _generator(seed)
+    errors = []
+    for n in ns:
+        if orthonormal:
+            if n > d:
+                raise ValueError(f"orthonormal keys need n <= d, got n = {n} and d = {d}")
+            keys = torch.linalg.qr(torch.randn(trials, d, n, generator=gen, dtype=torch.float64))[0].transpose(-2, -1)
+        else:
+            keys = F.normalize(torch.randn(trials, n, d, generator=gen, dtype=torch.float64), dim=-1)
+        values = torch.randn(trials, n, d, generator=gen, dtype=torch.float64)
+        errors.append(recall_error(keys, values).mean())
+    return torch.stack(errors)
+
+
+# ----------------------------------------------------------------------------- gate parameterisations (M8.14)
+# How each gate of GLA's Table 1 (Yang et al. 2024) decays the (d_k, d_v) state: one number per step
+# ("scalar"), one per key dim ("diagonal", the gate GLA uses) or one per state entry ("matrix").
+GATE_KINDS: dict[str, str] = {
+    "retnet": "scalar", "mamba2": "scalar", "mlstm": "scalar", "gated_retention": "scalar",
+    "gla": "diagonal", "hgrn2": "diagonal", "rwkv6": "diagonal", "gateloop": "diagonal",
+    "mamba": "matrix", "dfw": "matrix",
+}
+
+
+def gate_admits_chunking(kind: str) -> bool:
+    """True if `gated_linear_attention`'s chunk form can take the gate: a scalar or per-key-dim gate folds
+    into ``q`` (times ``exp(b_i)``) and ``k`` (times ``exp(-b_j)``); a gate per state entry does not."""
+    if kind not in GATE_KINDS:
+        raise ValueError(f"kind must be one of {tuple(GATE_KINDS)}, got {kind!r}")
+    return GATE_KINDS[kind] != "matrix"
+
+
+def make_log_gate(kind: str, x: torch.Tensor, params: dict) -> torch.Tensor:
+    """Log forget gates (all ``< 0``, or ``<= 0`` for ``"retnet"``) of GLA's Table 1 from inputs ``x (..., L, d_model)``.
+
+    ``kind`` and ``params`` (weights as tensors, ``tau``/``gamma`` as numbers or tensors):
+
+    * scalar, ``(..., L, 1)`` (expand to ``k``'s shape for `gated_linear_attention`):
+      ``"retnet"`` ``{gamma}``: ``log gamma``; ``"mamba2"`` ``{W (d_model, 1), a}``: ``-softplus(x W) exp(a)``;
+      ``"mlstm"`` ``{W}``: ``log sigmoid(x W)``; ``"gated_retention"`` ``{W, tau}``: ``log sigmoid(x W) / tau``.
+    * diagonal, ``(..., L, d_k)``: ``"gla"`` ``{W1 (d_model, r), W2 (r, d_k), tau}``: ``log sigmoid(x W1 W2) / tau``;
+      ``"hgrn2"`` ``{W (d_model, d_k), gamma (d_k,)}``: ``log(gamma + (1 - gamma) sigmoid(x W))``;
+      ``"rwkv6"`` ``{W}``: ``-exp(x W)``; ``"gateloop"`` ``{W}``: ``log sigmoid(x W)`` (the gate's magnitude;
+      GateLoop's complex phase is left out).
+    * matrix, ``(..., L, d_k, d_v)`` (not chunkable, see `gate_admits_chunking`): ``"mamba"``
+      ``{W1 (d_model, r), W2 (r, d_v), A (d_k, d_v)}``: ``-softplus(x W1 W2)[j] exp(A[i, j])``;
+      ``"dfw"`` ``{Wa (d_model, d_k), Wb (d_model, d_v)}``: ``log sigmoid(x Wa)[i] + log sigmoid(x Wb)[j]``.
+    """
+    if kind not in GATE_KINDS:
+        raise ValueError(f"kind must be one of {tuple(GATE_KINDS)}, got {kind!r}")
+    check_tensor("x", x, min_rank=2, floating=True)
+    needed = {"retnet": ("gamma",), "mamba2": ("W", "a"), "mlstm": ("W",), "gated_retention": ("W", "tau"),
+              "gla": ("W1", "W2", "tau"), "hgrn2": ("W", "gamma"), "rwkv6": ("W",), "gateloop": ("W",),
+              "mamba": ("W1", "W2", "A"), "dfw": ("Wa", "Wb")}[kind]
+    missing = [name for name in needed if name not in params]
+    if missing:
+        raise ValueError(f"make_log_gate({kind!r}) needs params {needed}, missing {missing}")
+    p = {name: params[name] for name in needed}
+    for name in ("W", "W1", "Wa", "Wb"):
+        if name in p and (not isinstance(p[name], torch.Tensor) or p[name].dim() != 2 or p[name].shape[0] != x.shape[-1]):
+            got = tuple(p[name].shape) if isinstance(p[name], torch.Tensor) else type(p[name]).__name__
+            raise ValueError(f"params[{name!r}] must be (d_model, ...) with d_model = {x.shape[-1]} (x {tuple(x.shape)}), "
+                             f"got {got}")
+    for name in ("tau",):
+        if name in p and not bool(torch.all(torch.as_tensor(p[name]) > 0)):
+            raise ValueError(f"params['tau'] must be > 0, got {p[name]!r}")
+    if kind == "retnet":
+        gamma = torch.as_tensor(p["gamma"], dtype=x.dtype, device=x.device)
+        if not bool(((gamma > 0) & (gamma <= 1)).all()):
+            raise ValueError(f"params['gamma'] must lie in (0, 1], got {p['gamma']!r}")
+        return gamma.log().expand(x.shape[:-1] + (1,))
+    if kind == "mamba2":
+        return -F.softplus(x @ p["W"]) * torch.as_tensor(p["a"], dtype=x.dtype, device=x.device).exp()
+    if kind in ("mlstm", "gateloop"):
+        return F.logsigmoid(x @ p["W"])
+    if kind == "gated_retention":
+        return F.logsigmoid(x @ p["W"]) / p["tau"]
+    if kind == "gla":
+        return F.logsigmoid(x @ p["W1"] @ p["W2"]) / p["tau"]
+    if kind == "hgrn2":
+        gamma = torch.as_tensor(p["gamma"], dtype=x.dtype, device=x.device)
+        if not bool(((gamma >= 0) & (gamma < 1)).all()):
+            raise ValueError(f"params['gamma'] (the lower bound) must lie in [0, 1), got {p['gamma']!r}")
+        return torch.log(gamma + (1 - gamma) * torch.sigmoid(x @ p["W"]))
+    if kind == "rwkv6":
+        return -torch.exp(x @ p["W"])
+    if kind == "mamba":
+        return -F.softplus(x @ p["W1"] @ p["W2"]).unsqueeze(-2) * p["A"].exp()
+    return F.logsigmoid(x @ p["Wa"]).unsqueeze(-1) + F.logsigmoid(x @ p["Wb"]).unsqueeze(-2)   # dfw
