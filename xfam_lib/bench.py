@@ -25,7 +25,7 @@ from .attention import repeat_kv, scaled_dot_product_attention
 
 __all__ = [
     "time_fn", "peak_memory", "largest_intermediate", "memory_traffic", "measure_matmul_flops", "measure_bandwidth",
-    "attention_flops", "rnn_flops", "conv_flops", "path_length", "attention_io_bytes", "Roofline", "roofline",
+    "attention_flops", "linear_attention_flops", "rnn_flops", "conv_flops", "path_length", "attention_io_bytes", "Roofline", "roofline",
     "kv_cache_bytes", "paged_waste", "contiguous_waste", "adaptive_softmax_cost", "simulate_tensor_parallel",
 ]
 
@@ -225,6 +225,17 @@ def attention_flops(n: int, d: int, *, projections: bool = False) -> int:
     """
     n, d = _positive("n", n), _positive("d", d)
     return 4 * n * n * d + (8 * n * d * d if projections else 0)
+
+
+def linear_attention_flops(n: int, d_phi: int, d_v: int) -> int:
+    """FLOPs of non-causal linear attention over ``n`` tokens: ``4 n d_phi d_v``.
+
+    Two matmuls in the associative order, ``S = phi(K)^T V`` and ``phi(Q) S``, each ``2 n d_phi d_v``
+    (normaliser and feature map not counted). Against `attention_flops`' ``4 n^2 d`` (with
+    ``d_phi = d_v = d``) the ratio is ``n / d``: the reordering pays once ``n > d``.
+    """
+    n, d_phi, d_v = _positive("n", n), _positive("d_phi", d_phi), _positive("d_v", d_v)
+    return 4 * n * d_phi * d_v
 
 
 def rnn_flops(n: int, d: int, *, gates: int = 1) -> int:
