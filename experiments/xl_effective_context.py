@@ -1,7 +1,7 @@
 """How far back can a model copy? Vanilla (no memory) vs Transformer-XL memories (M5.1, M5.2, FIGURES F5.1).
 
-Every arm is the same `xfam_lib.memory.TransformerXL` (same parameters, same seed, same batches); only
-``mem_len`` differs: 0 is the vanilla segment-by-segment model, which sees nothing before its segment.
+Every arm is `xfam_lib.experiments.xl_delayed_copy`: the same `xfam_lib.memory.TransformerXL` (same
+parameters, same seed, same batches); only ``mem_len`` differs: 0 is the vanilla segment-by-segment model, which sees nothing before its segment.
 The task is `xfam_lib.tasks.delayed_copy`: output the token read ``delay`` steps back. Streams of
 ``n_segments`` segments of ``segment_len`` tokens are processed one segment at a time, carrying the
 memories across segments (gradient stopped, as in the paper). After training, accuracy is measured on
@@ -21,50 +21,11 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from xfam_lib.memory import TransformerXL, temporal_range
-from xfam_lib.tasks import PAD, delayed_copy
+from xfam_lib.experiments import xl_delayed_copy
+from xfam_lib.memory import temporal_range
 
 OUT = Path(__file__).resolve().parent / "results" / "xl_effective_context.json"
-
-
-def stream_loss(model, ids, targets, segment_len):
-    """Mean cross-entropy over the positions with a target, streaming ``ids (B, T)`` one segment at a time."""
-    mems, total = None, 0.0
-    for start in range(0, ids.shape[1], segment_len):
-        logits, mems = model(ids[:, start:start + segment_len], mems)
-        total = total + F.cross_entropy(logits.flatten(0, 1), targets[:, start:start + segment_len].flatten(),
-                                        ignore_index=PAD, reduction="sum")
-    return total / (targets != PAD).sum()
-
-
-@torch.no_grad()
-def stream_accuracy(model, ids, targets, segment_len):
-    """Share of the positions with a target where the argmax is the token ``delay`` steps back."""
-    mems, hits = None, 0
-    for start in range(0, ids.shape[1], segment_len):
-        logits, mems = model(ids[:, start:start + segment_len], mems)
-        tgt = targets[:, start:start + segment_len]
-        hits += ((logits.argmax(-1) == tgt) & (tgt != PAD)).sum().item()
-    return hits / (targets != PAD).sum().item()
-
-
-def run(mem_len, delay, seed, *, steps, vocab, d_model, n_layers, segment_len, n_segments, batch, lr):
-    torch.manual_seed(seed)
-    model = TransformerXL(vocab, d_model, n_layers, n_heads=2, d_ff=4 * d_model, mem_len=mem_len)
-    opt = torch.optim.Adam(model.parameters(), lr)
-    gen = torch.Generator().manual_seed(seed)
-    losses = []
-    for _ in range(steps):
-        ids, targets = delayed_copy(batch, segment_len * n_segments, vocab, delay, generator=gen)
-        loss = stream_loss(model, ids, targets, segment_len)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    ids, targets = delayed_copy(64, segment_len * 8, vocab, delay, generator=torch.Generator().manual_seed(10_000 + seed))
-    return stream_accuracy(model, ids, targets, segment_len), losses
 
 
 def main() -> None:
@@ -87,7 +48,7 @@ def main() -> None:
     for m in args.mem_lens:
         for dl in args.delays:
             for seed in args.seeds:
-                a, losses = run(m, dl, seed, **cfg)
+                a, losses = xl_delayed_copy(m, dl, seed=seed, **cfg)
                 acc[str(m)][str(dl)].append(a)
                 curves[str(m)][str(dl)].append(losses[::10])
                 print(f"mem_len {m:3d} delay {dl:3d} seed {seed}: accuracy {a:.3f} "

@@ -2,6 +2,9 @@
 
 `length_extrapolation` (chapter 4, M4.15): decoder-only LMs that differ only in positional encoding,
 trained at one length and evaluated at multiples of it.
+
+`xl_delayed_copy` (chapter 5, M5.1): Transformer-XL models that differ only in memory length, trained
+to copy the token read ``delay`` steps back while reading a stream one segment at a time.
 """
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .tasks import LaggedTopicLanguage
+from .memory import TransformerXL
+from .tasks import PAD, LaggedTopicLanguage, delayed_copy
 from .train import cross_entropy, train_loop
 from .transformer import TransformerLM
 
@@ -66,3 +70,43 @@ def length_extrapolation(kinds: Sequence[str] = ("none", "sinusoidal", "learned"
                 if L == max(lengths):
                     result["per_position"][kind] = nll.mean(0).tolist()
     return result
+
+
+def stream_logits(model: TransformerXL, ids: torch.Tensor, segment_len: int) -> torch.Tensor:
+    """Run ``ids (B, T)`` through ``model`` one segment at a time, carrying the memories: ``(B, T, vocab)``."""
+    mems, outs = None, []
+    for start in range(0, ids.shape[1], segment_len):
+        out, mems = model(ids[:, start:start + segment_len], mems)
+        outs.append(out)
+    return torch.cat(outs, dim=1)
+
+
+def xl_delayed_copy(mem_len: int, delay: int, *, seed: int = 0, steps: int = 150, vocab: int = 18,
+                    d_model: int = 32, n_layers: int = 2, n_heads: int = 2, segment_len: int = 16,
+                    n_segments: int = 5, batch: int = 16, lr: float = 3e-3, eval_segments: int = 8,
+                    eval_batch: int = 64, device: torch.device | str = "cpu") -> tuple[float, list[float]]:
+    """Train a `TransformerXL` with ``mem_len`` on `delayed_copy`; return (test accuracy, loss per step).
+
+    Training streams ``n_segments`` segments of ``segment_len`` tokens, carrying the memories (gradient
+    stopped, as in Dai et al. 2019); the loss is the mean cross-entropy over the positions with a
+    target. ``mem_len=0`` is the vanilla segment-by-segment model. Accuracy is the share of target
+    positions whose argmax is right, on fresh streams of ``eval_segments`` segments (seed ``10_000 + seed``).
+    """
+    torch.manual_seed(seed)
+    model = TransformerXL(vocab, d_model, n_layers, n_heads=n_heads, d_ff=4 * d_model, mem_len=mem_len).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr)
+    gen = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        ids, targets = delayed_copy(batch, segment_len * n_segments, vocab, delay, generator=gen, device=device)
+        logits = stream_logits(model, ids, segment_len)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=PAD)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    ids, targets = delayed_copy(eval_batch, segment_len * eval_segments, vocab, delay,
+                                generator=torch.Generator().manual_seed(10_000 + seed), device=device)
+    with torch.no_grad():
+        hits = (stream_logits(model, ids, segment_len).argmax(-1) == targets) & (targets != PAD)
+    return hits.sum().item() / (targets != PAD).sum().item(), losses
