@@ -460,9 +460,9 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     input, through ``last_state`` too.
 
     ``mode``: ``"sequential"`` is the step loop (the reference); ``"chunk"`` splits ``L`` into
-    chunks of ``chunk_size`` (the last may be shorter), solves each chunk in parallel through the
-    decay matrix ``exp(segsum(delta A))`` (exponents ``<= 0`` for ``A <= 0``: no overflow at any
-    decay) and carries the state from chunk to chunk; ``"scan"`` runs the Hillis–Steele
+    chunks of ``chunk_size`` (the last may be shorter), runs the loop inside all chunks at once,
+    then carries the state from chunk to chunk (``chunk_size + L / chunk_size`` sequential steps,
+    decays only as exponents ``<= 0`` for ``A <= 0``: no overflow); ``"scan"`` runs the Hillis–Steele
     `associative_scan` over ``L``. All modes agree in outputs, last state and gradients.
     """
     _check_scan_inputs(u, delta, A, B, C, D, z, delta_bias)
@@ -506,19 +506,37 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
 
 
 def _chunk_scan(log_decay, drive, C_l, chunk_size):
-    """Chunked form: inside a chunk ``x_t = exp(cum_t) x_in + sum_{s<=t} exp(segsum_{t,s}) drive_s``."""
+    """Two-level chunked scan, ``(y, last_state)``; all inputs ``(batch, d, L, N)`` (``C_l`` may broadcast).
+
+    1. every chunk's zero-state response, all chunks at once: a loop of ``chunk_size`` steps;
+    2. the states entering the chunks: a loop over the ``L / chunk_size`` chunks,
+       ``x_in[c+1] = exp(sum of the chunk's delta A) x_in[c] + (chunk c's zero-state end state)``;
+    3. ``x_t = (zero-state response)_t + exp(cum_t) x_in`` with ``cum_t`` the sum of ``delta A``
+       from the chunk's start to ``t`` (a sum of its own terms, ``<= 0`` for ``A <= 0``: no overflow).
+
+    About ``chunk_size + L / chunk_size`` sequential steps instead of ``L``. A ragged last chunk is
+    padded with ``delta A = 0`` and zero drive, which changes neither the outputs nor the state.
+    """
     batch, dim, length, n = log_decay.shape
-    x = log_decay.new_zeros(batch, dim, n)                               # state entering the chunk
-    ys = []
-    for s0 in range(0, length, chunk_size):
-        s1 = min(s0 + chunk_size, length)
-        a = log_decay[:, :, s0:s1].transpose(-1, -2)                     # (b, d, N, T)
-        w = drive[:, :, s0:s1].transpose(-1, -2)                         # (b, d, N, T)
-        inner = (torch.exp(segsum(a)) @ w[..., None])[..., 0]            # zero-state response (b, d, N, T)
-        states = inner + torch.exp(a.cumsum(-1)) * x[..., None]          # plus the carried state, decayed
-        ys.append((states.transpose(-1, -2) * C_l[:, :, s0:s1]).sum(-1))
-        x = states[..., -1]
-    return torch.cat(ys, dim=-1), x
+    pad = (-length) % chunk_size
+    n_chunks = (length + pad) // chunk_size
+    log_decay, drive = (F.pad(t, (0, 0, 0, pad)).reshape(batch, dim, n_chunks, chunk_size, n)
+                        for t in (log_decay, drive))
+    decay = torch.exp(log_decay)
+    local, h = [], drive.new_zeros(batch, dim, n_chunks, n)
+    for t in range(chunk_size):                                          # 1. all chunks side by side
+        h = decay[:, :, :, t] * h + drive[:, :, :, t]
+        local.append(h)
+    local = torch.stack(local, dim=3)                                    # (b, d, c, T, N)
+    chunk_decay = torch.exp(log_decay.sum(3))                            # (b, d, c, N)
+    x, entering = drive.new_zeros(batch, dim, n), []
+    for c in range(n_chunks):                                            # 2. carry the state across chunks
+        entering.append(x)
+        x = chunk_decay[:, :, c] * x + local[:, :, c, -1]
+    entering = torch.stack(entering, dim=2)                              # (b, d, c, N)
+    states = local + torch.exp(log_decay.cumsum(3)) * entering[:, :, :, None]    # 3.
+    states = states.reshape(batch, dim, n_chunks * chunk_size, n)[:, :, :length]
+    return (states * C_l).sum(-1), x
 
 
 # ----------------------------------------------------------------------------- S4D (M9.5)
