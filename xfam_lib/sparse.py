@@ -264,20 +264,20 @@ def expand_layout(layout: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- sliding-window attention (M7.2)
-def _chunk_band_mask(length: int, n_chunks: int, chunk: int, window: int, causal: bool, device) -> torch.Tensor:
-    """``(n_chunks, chunk, width)``: may query ``t*chunk + a`` attend key ``t*chunk - window + b``?
+def _band_masks(length: int, n_chunks: int, chunk: int, window: int, causal: bool, device):
+    """Which (query, key) slots of a chunk's band are *not* allowed, as two broadcastable masks.
 
-    Inside the band, and the key is a real position (``0 <= j < length``). Padded query rows
-    (``i >= length``, discarded afterwards) keep their whole band so no row is empty.
+    Query ``t*chunk + a`` meets key ``t*chunk - window + b``. ``outside`` ``(chunk, width)``: ``i - j``
+    is off the band, the same in every chunk; ``padding`` ``(n_chunks, 1, width)``: the key is a
+    zero-padded position (``j < 0`` or ``j >= length``).
     """
     width = chunk + window + (0 if causal else window)
     a = torch.arange(chunk, device=device)[:, None]
     b = torch.arange(width, device=device)[None, :]
     rel = a + window - b                                               # i - j, the same in every chunk
-    band = (rel <= window) & (rel >= (0 if causal else -window))
-    start = (torch.arange(n_chunks, device=device) * chunk)[:, None, None]
-    i, j = start + a, start - window + b
-    return band & (((j >= 0) & (j < length)) | (i >= length))
+    outside = (rel > window) | (rel < (0 if causal else -window))
+    j = (torch.arange(n_chunks, device=device) * chunk)[:, None, None] - window + b
+    return outside, (j < 0) | (j >= length)
 
 
 def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, *,
@@ -288,12 +288,14 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     ``q (..., L, d_k)``, ``k (..., L, d_k)``, ``v (..., L, d_v)`` → ``(..., L, d_v)``; self-attention
     only (``Lq == Lk``). Equals `scaled_dot_product_attention` with `sliding_window_mask`.
 
-    The queries are cut into chunks of ``block_size`` rows (default ``max(32, window)``, at most
+    The queries are cut into chunks of ``block_size`` rows (default ``max(32, window // 4)``, at most
     ``L``). Chunk ``t`` attends only to the keys of its band, ``[t*bs - window, (t+1)*bs + window)``
-    (causal: up to ``(t+1)*bs``), taken as a strided view of the zero-padded keys, so the score
-    tensor is ``(..., L/bs, bs, bs + 2 window)``: O(L · window) memory, never O(L²), forward and
-    backward (autograd). A length that is not a multiple of ``block_size`` is padded and cut back.
-    fp16/bf16 are computed in fp32 and returned in their dtype.
+    (causal: up to ``(t+1)*bs``), taken as a strided view of the zero-padded keys, so its scores are
+    ``(..., bs, bs + 2 window)``. Chunks are processed in groups of about 1024 query rows, so the
+    forward pass holds O(1024 · window) scores at a time and the backward pass keeps O(L · window)
+    weights, never O(L²). Off-band slots get the dtype's lowest finite value (its exponential
+    is 0 next to any real key; every real query has at least itself). A length that is not a
+    multiple of ``block_size`` is padded and cut back. fp16/bf16 computed in fp32, returned in their dtype.
     """
     _check_qkv(q, k, v)
     length = q.shape[-2]
@@ -303,7 +305,7 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     window = _check_nonneg_int("window", window)
     scale = _resolve_scale(scale, q)
     w = min(window, length - 1)                                       # a wider band allows nothing more
-    chunk = max(32, w) if block_size is None else _check_block("block_size", block_size)
+    chunk = max(32, w // 4) if block_size is None else _check_block("block_size", block_size)
     chunk = min(chunk, length)
     n_chunks = -(-length // chunk)
     pad = n_chunks * chunk - length
@@ -313,15 +315,24 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     in_dtype = q.dtype
     work = _compute_dtype(in_dtype)
     q, k, v = (t.to(work) for t in (q, k, v))
-    q_chunks = F.pad(q, (0, 0, 0, pad)).unflatten(-2, (n_chunks, chunk))                 # (..., n, bs, d_k)
+    q_chunks = F.pad(q * scale, (0, 0, 0, pad)).unflatten(-2, (n_chunks, chunk))         # (..., n, bs, d_k)
 
     def bands(t: torch.Tensor) -> torch.Tensor:                                          # (..., n, width, d)
         return F.pad(t, (0, 0, w, pad + right)).unfold(-2, width, chunk).transpose(-2, -1)
 
-    scores = torch.matmul(q_chunks, bands(k).transpose(-2, -1)) * scale                  # (..., n, bs, width)
-    allowed = _chunk_band_mask(length, n_chunks, chunk, w, bool(causal), q.device)
-    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)         # every row has a key
-    out = torch.matmul(weights, bands(v)).flatten(-3, -2)[..., :length, :]
+    k_bands, v_bands = bands(k), bands(v)
+    outside, padding = _band_masks(length, n_chunks, chunk, w, bool(causal), q.device)
+    lowest = torch.finfo(work).min
+    group = max(1, 1024 // chunk)
+    outs = []
+    for g in range(0, n_chunks, group):
+        part = slice(g, g + group)
+        scores = torch.matmul(q_chunks[..., part, :, :], k_bands[..., part, :, :].transpose(-2, -1))
+        scores.masked_fill_(outside, lowest)                                             # (..., G, bs, width)
+        if padding[part].any():                                                          # edge chunks only
+            scores.masked_fill_(padding[part], lowest)
+        outs.append(torch.matmul(torch.softmax(scores, dim=-1), v_bands[..., part, :, :]))
+    out = torch.cat(outs, dim=-3).flatten(-3, -2)[..., :length, :]
     return out.to(in_dtype)
 
 
