@@ -5,8 +5,8 @@ Every reference is written here, independently of ``xfam_lib.linear``: a per-tim
 explicit kernel-weighted sums for linear attention (feature maps re-derived from their formulas), the
 step-by-step state recurrence of API.md and the unrolled product form for GLA, the decay matrix
 ``D[n, m] = gamma^(n-m)`` for retention, and the polynomial kernel ``1 + s + s²/2`` for Taylor-2.
-flash-linear-attention (fla-core 0.6.0) would be the natural outside cross-check, but its ``fla``
-package imports triton at import time, so it cannot run on a CPU-only machine; it is not used.
+flash-linear-attention's pure-PyTorch references (fla-core 0.6.0, loaded by path because ``fla.ops``
+imports triton) are the outside cross-check, in ``test_8_oracles.py``.
 """
 import math
 
