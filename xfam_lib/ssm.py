@@ -226,7 +226,9 @@ def ssm_kernel(A_bar: torch.Tensor, B_bar: torch.Tensor, C: torch.Tensor, length
     """The length-``L`` convolution kernel ``K_k = C A_bar^k B_bar``, ``k = 0 .. L-1``, shape ``(..., L)``.
 
     ``B_bar, C (..., N)``; ``A_bar`` diagonal ``(..., N)`` or dense ``(..., N, N)`` (see the module
-    docstring). Diagonal: a Vandermonde sum ``K_k = sum_n C_n B_n A_n^k``. Dense: the Krylov vectors
+    docstring). Diagonal: a Vandermonde sum ``K_k = sum_n C_n B_n A_n^k``, with ``k = j m + i``
+    (``m = ceil(sqrt(L))``) so that ``A^k = A^(jm) A^i``: two small tables of powers (each computed
+    directly, never by repeated products) and one matrix product over the states. Dense: the Krylov vectors
     ``A^j B`` by doubling (``[V, A^m V]``, then ``A^m -> A^2m``), ``O(log L)`` matrix products.
     Then ``y = ssm_convolve(u, K)`` equals ``ssm_recurrence(A_bar, B_bar, C, u)``.
     """
@@ -236,10 +238,13 @@ def ssm_kernel(A_bar: torch.Tensor, B_bar: torch.Tensor, C: torch.Tensor, length
     out = _out_dtype(A_bar.dtype, B_bar.dtype, C.dtype)
     work = _work_dtype(A_bar.dtype, B_bar.dtype, C.dtype)
     A_bar, B_bar, C = A_bar.to(work), B_bar.to(work), C.to(work)
-    if diagonal:
-        k = torch.arange(length, device=A_bar.device, dtype=A_bar.real.dtype)
-        powers = torch.pow(A_bar[..., None], k)                           # (..., N, L)
-        return ((C * B_bar)[..., None] * powers).sum(-2).to(out)
+    if diagonal:                                                         # k = j m + i: A^k = A^(jm) A^i
+        m = math.isqrt(length - 1) + 1                                   # m >= sqrt(L), m * m >= L
+        steps = torch.arange(m, device=A_bar.device, dtype=A_bar.real.dtype)
+        inner = torch.pow(A_bar[..., None], steps)                       # (..., N, m): A^i
+        outer = (C * B_bar)[..., None] * torch.pow(A_bar[..., None], steps * m)   # (..., N, m): C B A^(jm)
+        K = outer.transpose(-1, -2) @ inner                              # (..., j, i): sum over the N states
+        return K.flatten(-2)[..., :length].to(out)
     n = A_bar.shape[-1]
     batch = torch.broadcast_shapes(A_bar.shape[:-2], B_bar.shape[:-1])
     power = A_bar.expand(batch + (n, n))
@@ -520,8 +525,9 @@ def _chunk_scan(log_decay, drive, C_l, chunk_size):
     batch, dim, length, n = log_decay.shape
     pad = (-length) % chunk_size
     n_chunks = (length + pad) // chunk_size
-    log_decay, drive = (F.pad(t, (0, 0, 0, pad)).reshape(batch, dim, n_chunks, chunk_size, n)
-                        for t in (log_decay, drive))
+    if pad:
+        log_decay, drive = F.pad(log_decay, (0, 0, 0, pad)), F.pad(drive, (0, 0, 0, pad))
+    log_decay, drive = (t.reshape(batch, dim, n_chunks, chunk_size, n) for t in (log_decay, drive))
     decay = torch.exp(log_decay)
     local, h = [], drive.new_zeros(batch, dim, n_chunks, n)
     for t in range(chunk_size):                                          # 1. all chunks side by side
