@@ -1,0 +1,101 @@
+"""Chapter 7 against independent, maintained implementations (test-only dependencies, pinned in
+requirements.txt; see shared/notes/oracles.md): `local-attention` for windowed attention,
+`reformer-pytorch` and Hugging Face's `LSHSelfAttention` for Reformer LSH attention, Hugging Face's
+`LongformerSelfAttention` for Longformer's window + global pattern (M7.2, M7.10, M7.13).
+All in fp32, so the fp32 tolerance of `assert_close`.
+"""
+import pytest
+import torch
+
+from xfam_lib.sparse import dense_masked_attention, longformer_mask, lsh_attention, sliding_window_attention
+from xfam_lib.testing import assert_close
+
+local_attention = pytest.importorskip("local_attention")
+reformer_pytorch = pytest.importorskip("reformer_pytorch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("causal,T,W", [(True, 12, 4), (False, 12, 4), (True, 32, 8), (False, 30, 5)])
+def test_sliding_window_vs_local_attention_package_M7_2(causal, T, W):
+    """LocalAttention with exact_windowsize keeps |i − j| <= W (causal: 0 <= i − j <= W) inside its
+    blocks of W, the same band; it needs T % W == 0 unless autopad."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, T, 8) for _ in range(3))
+    theirs = local_attention.LocalAttention(W, causal=causal, look_forward=0 if causal else 1,
+                                            exact_windowsize=True, autopad=True)(q, k, v)
+    assert_close(sliding_window_attention(q, k, v, W, causal=causal), theirs)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_lsh_attention_vs_reformer_pytorch_M7_13(causal):
+    """reformer-pytorch's LSHAttention with one hash round, fed its own bucket ids: the same sort by
+    (bucket, position), chunks of bucket_size that see themselves and the previous chunk (cyclically),
+    keys q/|q|, scale d^-1/2, and a finite self logit. (With several rounds it chunks the rounds'
+    concatenated order, so its first chunk of a round looks back into the previous round: a different
+    window, not compared.)"""
+    T, d, bs = 32, 4, 4
+    torch.manual_seed(0)
+    qk, v = torch.randn(2, T, d), torch.randn(2, T, d)
+    torch.manual_seed(123)
+    theirs, _, buckets = reformer_pytorch.LSHAttention(bucket_size=bs, n_hashes=1, causal=causal)(qk, v)
+    ours = lsh_attention(qk, v, T // bs, bs, 1, causal=causal, buckets=buckets.view(2, 1, T))
+    assert_close(ours, theirs)
+
+
+def test_lsh_attention_vs_hugging_face_reformer_M7_13():
+    """HF LSHSelfAttention with one chunk covering the sequence and 2 hash rounds: full shared-QK attention
+    with self-masking, rounds merged by logsumexp. HF's logits have no 1/sqrt(d) (scale=1) and its keys
+    are x / sqrt(mean(x²) + 1e-6) / sqrt(d), which differs from x/|x| by ~1e-6 relative: within fp32."""
+    from transformers import ReformerConfig
+    from transformers.models.reformer.modeling_reformer import LSHSelfAttention
+
+    L, H, dh = 16, 2, 4
+    cfg = ReformerConfig(hidden_size=8, num_attention_heads=H, attention_head_size=dh, num_buckets=4, num_hashes=2,
+                         lsh_attn_chunk_length=L, lsh_num_chunks_before=0, lsh_num_chunks_after=0, is_decoder=False,
+                         hash_seed=0, lsh_attention_probs_dropout_prob=0.0)
+    rng_state = torch.get_rng_state()                                  # hash_seed reseeds the global RNG
+    torch.manual_seed(0)
+    layer = LSHSelfAttention(cfg).eval()
+    x = torch.randn(1, L, 8)
+    with torch.no_grad():
+        theirs = layer(x).hidden_states
+        qk = (x @ layer.query_key.weight.T).view(1, L, H, dh).transpose(1, 2)
+        v = (x @ layer.value.weight.T).view(1, L, H, dh).transpose(1, 2)
+        ours = lsh_attention(qk, v, 4, L, 2, scale=1.0).transpose(1, 2).reshape(1, L, H * dh)
+    torch.set_rng_state(rng_state)
+    assert_close(ours, theirs)
+
+
+def test_longformer_vs_hugging_face_M7_10():
+    """HF LongformerSelfAttention (attention_window = 2w): local rows ≡ sliding_window_attention without
+    globals and ≡ dense attention with longformer_mask with a global token; the global token's own row
+    uses Longformer's separate global projections over every key."""
+    from transformers import LongformerConfig
+    from transformers.models.longformer.modeling_longformer import LongformerSelfAttention
+
+    w, L, H, dh = 2, 16, 2, 4
+    torch.manual_seed(0)
+    layer = LongformerSelfAttention(LongformerConfig(hidden_size=H * dh, num_attention_heads=H, attention_window=[2 * w],
+                                                     attention_probs_dropout_prob=0.0), layer_id=0).eval()
+    x = torch.randn(1, L, H * dh)
+    heads = lambda lin: lin(x).view(1, L, H, dh).transpose(1, 2)
+    merge = lambda t: t.transpose(1, 2).reshape(1, L, H * dh)
+    with torch.no_grad():
+        q, k, v = heads(layer.query), heads(layer.key), heads(layer.value)
+        flags = torch.zeros(1, L)
+        theirs = layer(x, attention_mask=flags, is_index_masked=flags < 0, is_index_global_attn=flags > 0,
+                       is_global_attn=False)[0]
+        assert_close(merge(sliding_window_attention(q, k, v, w)), theirs)
+
+        flags[0, 0] = 10000                                             # token 0 is global
+        theirs = layer(x, attention_mask=flags, is_index_masked=flags < 0, is_index_global_attn=flags > 0,
+                       is_global_attn=True)[0]
+        ours = merge(dense_masked_attention(q, k, v, longformer_mask(L, w, global_idx=[0])))
+        assert_close(ours[:, 1:], theirs[:, 1:])
+        qg, kg, vg = heads(layer.query_global), heads(layer.key_global), heads(layer.value_global)
+        row0 = dense_masked_attention(qg[..., :1, :], kg, vg, torch.ones(1, L, dtype=torch.bool))
+        assert_close(merge_row(row0), theirs[:, :1])
+
+
+def merge_row(t):
+    return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1)
