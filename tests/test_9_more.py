@@ -435,3 +435,22 @@ def test_ssd_chunked_equals_hugging_face_mamba2_chunk_scan_M9_11(gen):
     y, h = ssd_chunked(x * delta[..., None], delta * A, B, C, chunk_size=8, return_final_state=True)
     assert_close(y + D[:, None] * x, y_hf)
     assert_close(h, h_hf)
+
+
+# ----------------------------------------------------------------------------- M9.4 PE as a rotation SSM
+def test_sinusoidal_pe_is_the_kernel_of_a_rotation_ssm_M9_4():
+    """M9.4: with A_bar the 2x2 rotation by ω_i, B = (0, 1), the dense `ssm_kernel` with C = (1, 0) is
+    sin(k ω_i) and with C = (0, 1) cos(k ω_i): PE columns 2i and 2i+1 of `positional.sinusoidal_encoding`
+    (its fp32 table, so the fp32 tolerance)."""
+    from xfam_lib.positional import sinusoidal_encoding, sinusoidal_wavelengths
+
+    L, d = 64, 8
+    omega = 2 * math.pi / sinusoidal_wavelengths(d)                      # (d/2,) fp64
+    c, s = torch.cos(omega), torch.sin(omega)
+    A_bar = torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)   # (d/2, 2, 2)
+    B = torch.tensor([0.0, 1.0], dtype=F64).expand(d // 2, 2)
+    C = torch.eye(2, dtype=F64)[:, None].expand(2, d // 2, 2)            # C = e_0 (sin), e_1 (cos)
+    K = ssm_kernel(A_bar, B, C, L)                                      # (2, d/2, L)
+    pe = sinusoidal_encoding(L, d)
+    assert_close(K[0].T.float(), pe[:, 0::2])
+    assert_close(K[1].T.float(), pe[:, 1::2])
