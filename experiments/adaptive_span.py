@@ -83,12 +83,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--lag", type=int, default=12)
+    ap.add_argument("--span-lr", type=float, default=2e-2)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    config = {"vocab": 32, "lag": 12, "p_rule": 0.7, "topic_size": 6, "d_model": 32, "n_heads": args.heads, "n_layers": args.layers,
+    config = {"vocab": 32, "lag": args.lag, "p_rule": 0.7, "topic_size": 6, "d_model": 32, "n_heads": args.heads, "n_layers": args.layers,
               "length": 32, "ramp": 4, "init_span": 16.0, "coef": 3e-3, "steps": args.steps, "batch": 32,
-              "lr": 3e-3, "span_lr": 2e-2}
+              "lr": 3e-3, "span_lr": args.span_lr}
     start, runs = time.time(), []
     for seed in args.seeds:
         runs.append(train_spans(**config, seed=seed))
