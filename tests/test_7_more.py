@@ -18,7 +18,7 @@ from xfam_lib.sparse import (
     checkpointed_sequence, chunked_ff, dca_attention, dca_attention_reference, dca_position_matrix,
     dense_masked_attention, etc_masks, expand_layout, graph_diameter, hop_distances, kmeans_ema_update,
     local1d_mask, local2d_mask, longformer_mask, lsh_attention, lsh_attention_reference, lsh_hash, mask_to_bias,
-    nnz, receptive_field, reversible_sequence, routing_assign, routing_mask, sliding_window_mask, strided_mask,
+    nnz, receptive_field, reversible_sequence, routing_assign, routing_attention, routing_mask, sliding_window_mask, strided_mask,
 )
 from xfam_lib.testing import assert_close
 
@@ -369,6 +369,31 @@ def test_kmeans_ema_update_closed_form_M7_16(gen):
     assert torch.equal(new[3], mu[3])
     with pytest.raises(ValueError, match="assignments"):
         kmeans_ema_update(mu, x, a[:5])
+
+
+def test_routing_attention_equals_per_cluster_dense_M7_16(gen):
+    """Balanced routing ≡ for each cluster, dense masked attention with "query among the cluster's top-w
+    queries and key among its top-w keys", averaged over the clusters that hold the query (outputs and gradients)."""
+    q, k, v = (randn(2, 14, 6, gen=gen, requires_grad=True) for _ in range(3))
+    mu, cot = randn(3, 6, gen=gen), randn(2, 14, 6, gen=gen)
+    w = 5
+    ours = routing_attention(q, k, v, mu, w)
+    outs, counts = torch.zeros(2, 14, 6, dtype=F64), torch.zeros(2, 14, 1, dtype=F64)
+    for b in range(2):
+        for c in range(3):
+            cos = lambda x: [(x[b, i] @ mu[c] / x[b, i].norm()).item() for i in range(14)]
+            top_q = set(sorted(range(14), key=lambda i: -cos(q)[i])[:w])
+            top_k = set(sorted(range(14), key=lambda j: -cos(k)[j])[:w])
+            mask = loop_mask(14, 14, lambda i, j: i in top_q and j in top_k)
+            rows = torch.tensor([i in top_q for i in range(14)], dtype=F64)[:, None]
+            outs[b] = outs[b] + dense_masked_attention(q[b], k[b], v[b], mask) * rows
+            counts[b] += rows
+    ref = outs / counts.clamp(min=1)
+    assert_close(ours, ref)
+    for g1, g2 in zip(grads(ours, (q, k, v), cot), grads(ref, (q, k, v), cot)):
+        assert_close(g1, g2)
+    with pytest.raises(ValueError, match="window"):
+        routing_attention(q, k, v, mu, 15)
 
 
 # ----------------------------------------------------------------------------- M7.17 DCA

@@ -1,17 +1,20 @@
 """Chapter 7 against independent, maintained implementations (test-only dependencies, pinned in
 requirements.txt; see shared/notes/oracles.md): `local-attention` for windowed attention,
 `reformer-pytorch` and Hugging Face's `LSHSelfAttention` for Reformer LSH attention, Hugging Face's
-`LongformerSelfAttention` for Longformer's window + global pattern (M7.2, M7.10, M7.13).
+`LongformerSelfAttention` for Longformer's window + global pattern, `routing-transformer` for balanced
+k-means routing attention (M7.2, M7.10, M7.13, M7.16).
 All in fp32, so the fp32 tolerance of `assert_close`.
 """
 import pytest
 import torch
 
-from xfam_lib.sparse import dense_masked_attention, longformer_mask, lsh_attention, sliding_window_attention
+from xfam_lib.sparse import (dense_masked_attention, longformer_mask, lsh_attention, routing_attention,
+                             sliding_window_attention)
 from xfam_lib.testing import assert_close
 
 local_attention = pytest.importorskip("local_attention")
 reformer_pytorch = pytest.importorskip("reformer_pytorch")
+routing_transformer = pytest.importorskip("routing_transformer")
 transformers = pytest.importorskip("transformers")
 
 
@@ -99,3 +102,22 @@ def test_longformer_vs_hugging_face_M7_10():
 
 def merge_row(t):
     return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1)
+
+
+def test_routing_attention_vs_routing_transformer_M7_16():
+    """routing-transformer's KmeansAttention (eval, fixed unit centroids, non-causal, no memory keys): each
+    cluster's top-window queries and keys by cosine, outputs averaged over clusters as sum / (count + 1e-5).
+    That 1e-5 is undone here with the counts recomputed from the centroids (a 1e-5 relative bias, the
+    size of the fp32 tolerance itself)."""
+    b, h, t, d, n_c, w = 2, 1, 16, 8, 4, 4
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, h, t, d) for _ in range(3))
+    mu = torch.nn.functional.normalize(torch.randn(h, n_c, d), dim=-1)
+    layer = routing_transformer.KmeansAttention(n_c, w, h, d).eval()
+    layer.kmeans.means.copy_(mu)
+    layer.kmeans.initted.fill_(True)
+    with torch.no_grad():
+        theirs, _ = layer(q, k, v)
+    top = (torch.nn.functional.normalize(q, dim=-1) @ mu[0].T).topk(w, dim=-2).indices        # (b, h, w, C)
+    count = torch.zeros(b, h, t).scatter_add(-1, top.flatten(-2), torch.ones(b, h, w * n_c))
+    assert_close(routing_attention(q, k, v, mu[0], w), theirs * ((count + 1e-5) / count.clamp(min=1)).unsqueeze(-1))

@@ -61,6 +61,7 @@ __all__ = [
     "routing_assign",
     "routing_mask",
     "kmeans_ema_update",
+    "routing_attention",
     "dca_position_matrix",
     "dca_attention",
     "dca_attention_reference",
@@ -900,6 +901,46 @@ def kmeans_ema_update(centroids: torch.Tensor, x: torch.Tensor, assignments: tor
         means = sums / counts.clamp(min=1).unsqueeze(-1)
         updated = decay * centroids + (1 - decay) * means
         return torch.where((counts > 0).unsqueeze(-1), updated, centroids)
+
+
+def routing_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, centroids: torch.Tensor, window: int, *,
+                      scale: float | None = None) -> torch.Tensor:
+    """Balanced routing attention as the Routing Transformer code runs it (M7.16): ``q (..., Lq, d)``,
+    ``k (..., Lk, d)``, ``v (..., Lk, d_v)``, ``centroids (C, d)`` → ``(..., Lq, d_v)``, non-causal.
+
+    Cluster ``c`` takes the ``window`` queries and the ``window`` keys most similar to it (cosine, as in
+    `routing_assign`), so every cluster has the same size; its queries attend its keys (``window x
+    window`` scores per cluster, ``C · window²`` in all). A query routed to several clusters gets the
+    mean of its outputs, one routed to none gets zeros. Equals, per cluster, `dense_masked_attention`
+    with the mask "query in the cluster and key in the cluster", averaged.
+    """
+    _check_qkv(q, k, v)
+    _check_centroids(q, centroids)
+    window = check_positive_int("window", window)
+    if window > min(q.shape[-2], k.shape[-2]):
+        raise ValueError(f"window={window} must be <= both lengths, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    scale = _resolve_scale(scale, q)
+    in_dtype = q.dtype
+    work = _compute_dtype(in_dtype)
+    q, k, v = (t.to(work) for t in (q, k, v))
+    mu = F.normalize(centroids.to(work), dim=-1)
+    n_c = mu.shape[0]
+
+    def members(x):                                                     # (..., C, window) token ids per cluster
+        return (F.normalize(x, dim=-1) @ mu.T).topk(window, dim=-2).indices.transpose(-2, -1)
+
+    def select(x, idx):                                                 # (..., C, window, d)
+        x = x.unsqueeze(-3).expand(*x.shape[:-2], n_c, *x.shape[-2:])
+        return x.gather(-2, idx.unsqueeze(-1).expand(*idx.shape, x.shape[-1]))
+
+    qi, ki = members(q), members(k)
+    weights = torch.softmax(torch.matmul(select(q, qi), select(k, ki).transpose(-2, -1)) * scale, dim=-1)
+    per_cluster = torch.matmul(weights, select(v, ki)).flatten(-3, -2)                # (..., C * window, d_v)
+    flat = qi.flatten(-2, -1)
+    index = flat.unsqueeze(-1).expand_as(per_cluster)
+    total = per_cluster.new_zeros(*q.shape[:-1], v.shape[-1]).scatter_add(-2, index, per_cluster)
+    count = per_cluster.new_zeros(q.shape[:-1]).scatter_add(-1, flat, torch.ones_like(flat, dtype=work))
+    return (total / count.clamp(min=1).unsqueeze(-1)).to(in_dtype)
 
 
 # ----------------------------------------------------------------------------- Dual Chunk Attention (M7.17)
