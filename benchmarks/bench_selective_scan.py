@@ -8,6 +8,13 @@ fp64 run of the sequential loop with the scan tolerance of the book's convention
 relative: L = 2048 accumulated steps). Target: at least 10x. The plot shows the time per mode
 and the time vs L for the loop and the fastest mode. Runs single-threaded (a busy shared CPU makes
 thread wake-ups dominate the small per-step ops).
+
+Why the target is hard in eager PyTorch on a CPU: every mode must build the ``(batch, d_inner, L, N)``
+decays and drives (4M floats here) and reduce the states against ``C``; the sequential loop adds
+``L`` small steps on ``(batch, d_inner, N)`` tensors, the chunk mode instead adds about ten more full
+passes over 4M floats (memory bound). The two costs are similar, so the chunk mode wins by little;
+Mamba's fused GPU kernel keeps the state on chip and never writes those tensors. (SSD's scalar decay
+turns the chunk work into matrix products instead: see ``bench_ssd.py``.)
 """
 import statistics
 

@@ -300,6 +300,26 @@ def test_mamba_block_is_causal_and_state_is_constant_size_M9_10(gen):
         block.step(x[:, 0], block.init_state(3, dtype=F64))
 
 
+def test_mamba_block_bf16_forward_and_step_M9_10():
+    """M9.10: a bf16 block returns bf16 from forward and from `step` (whose SSM state stays fp32), both within
+    the bf16 tolerance of the fp32 block with the same (bf16-valued) weights: the projections round in bf16,
+    the scan runs in fp32."""
+    torch.manual_seed(0)
+    block = MambaBlock(16, d_state=8).to(torch.bfloat16)
+    ref = MambaBlock(16, d_state=8)
+    ref.load_state_dict({k: v.float() for k, v in block.state_dict().items()})
+    x = torch.randn(2, 10, 16, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    expected = ref(x.float()).detach().to(torch.bfloat16)
+    state, ys = block.init_state(2), []
+    for t in range(10):
+        y_t, state = block.step(x[:, t], state)
+        ys.append(y_t)
+    assert state[1].dtype == torch.float32
+    for y in (block(x), torch.stack(ys, 1)):
+        assert y.dtype == torch.bfloat16
+        assert_close(y, expected)
+
+
 transformers = pytest.importorskip("transformers", reason="transformers is pinned in requirements.txt")
 
 

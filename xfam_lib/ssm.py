@@ -813,7 +813,7 @@ class MambaBlock(torch.nn.Module):
         uc = (conv_state * self.conv1d.weight[:, 0]).sum(-1)
         if self.conv1d.bias is not None:
             uc = uc + self.conv1d.bias
-        uc = F.silu(uc)
+        uc = F.silu(uc).to(x_t.dtype)
         dt, B, C = self._ssm_params(uc)
         delta = F.softplus(dt + self.dt_proj.bias)
         h = torch.exp(delta[..., None] * self._A()) * h + (delta * uc)[..., None] * B[:, None].to(h.dtype)
