@@ -72,6 +72,24 @@ def test_dense_masked_attention_is_masked_softmax_M7_1(gen):
         dense_masked_attention(q, k, v, mask.float())
 
 
+@pytest.mark.parametrize("lq,lk,bs,per_head", [(13, 13, 4, False), (10, 7, 3, True), (5, 9, 8, False), (9, 9, 1, True)])
+def test_block_sparse_ragged_lengths_equal_dense_M7_1(lq, lk, bs, per_head, gen):
+    """Lengths that are not multiples of block_size: ceil(L/bs) blocks, the last one ragged; equals dense
+    attention with the expanded layout cut to (Lq, Lk), outputs and gradients (empty rows give zeros)."""
+    nq, nk = -(-lq // bs), -(-lk // bs)
+    layout = torch.rand((3, nq, nk) if per_head else (nq, nk), generator=gen) < 0.5
+    layout[..., -1, -1] = True                                          # the ragged corner is used
+    layout[..., 0, :] = False                                           # and one query block has no key block
+    q, k = randn(2, 3, lq, 4, gen=gen, requires_grad=True), randn(2, 3, lk, 4, gen=gen, requires_grad=True)
+    v, cot = randn(2, 3, lk, 5, gen=gen, requires_grad=True), randn(2, 3, lq, 5, gen=gen)
+    ours = block_sparse_attention(q, k, v, layout, bs)
+    ref = dense_masked_attention(q, k, v, expand_layout(layout, bs)[..., :lq, :lk])
+    assert_close(ours, ref)
+    assert not ours[..., :bs, :].any()
+    for g1, g2 in zip(grads(ours, (q, k, v), cot), grads(ref, (q, k, v), cot)):
+        assert_close(g1, g2)
+
+
 # ----------------------------------------------------------------------------- M7.4 Image Transformer
 @pytest.mark.parametrize("L,q_block,mem_len", [(16, 4, 4), (23, 5, 3), (12, 12, 0), (9, 2, 7)])
 def test_local1d_mask_equals_loop_and_closed_form_M7_4(L, q_block, mem_len):

@@ -356,10 +356,12 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     """Attention computed only on the key blocks a boolean block ``layout`` names.
 
     ``q (..., Lq, d_k)``, ``k (..., Lk, d_k)``, ``v (..., Lk, d_v)`` → ``(..., Lq, d_v)``. ``layout`` is
-    ``(Lq/block_size, Lk/block_size)``, shared by all heads, or ``(H, ...)`` with ``H = q.shape[-3]``:
+    ``(ceil(Lq/block_size), ceil(Lk/block_size))``, shared by all heads, or ``(H, ...)`` with ``H = q.shape[-3]``:
     query block ``a`` attends key block ``b`` iff ``layout[a, b]``. Equals
     `scaled_dot_product_attention` with ``mask=expand_layout(layout, block_size)``; a query block
-    with no active key block returns zeros. Both lengths must be multiples of ``block_size``.
+    with no active key block returns zeros. A length that is not a multiple of ``block_size`` has a
+    ragged last block: the layout has ``ceil(L / block_size)`` blocks on that side, the inputs are
+    zero-padded and the padded keys masked, and the reference is ``expand_layout(...)[..., :Lq, :Lk]``.
 
     The active ``(a, b)`` pairs are gathered into one batch of ``block_size x block_size`` score
     tiles (memory and FLOPs proportional to the number of active blocks), and the softmax is
@@ -370,10 +372,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     _check_qkv(q, k, v)
     block_size = _check_block("block_size", block_size)
     l_q, l_k = q.shape[-2], k.shape[-2]
-    if l_q % block_size or l_k % block_size:
-        raise ValueError(f"block_size={block_size} must divide both sequence lengths, got Lq={l_q} (q "
-                         f"{tuple(q.shape)}) and Lk={l_k} (k {tuple(k.shape)})")
-    n_q, n_k = l_q // block_size, l_k // block_size
+    n_q, n_k = -(-l_q // block_size), -(-l_k // block_size)
     _check_layout(layout, q, n_q, n_k, block_size)
     scale = _resolve_scale(scale, q)
     in_dtype = q.dtype
@@ -384,25 +383,31 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     # Rows of blocks: (N, R, bs, d) with R = n_q (shared layout) or H * n_q (per head, head-major).
     per_head = layout.dim() == 3
     heads = layout.shape[0] if per_head else 1
-    qb = q.to(work).reshape(-1, heads * n_q, block_size, d_k)
-    kb = k.to(work).reshape(-1, heads * n_k, block_size, d_k)
-    vb = v.to(work).reshape(-1, heads * n_k, block_size, d_v)
+    pad_q, pad_k = n_q * block_size - l_q, n_k * block_size - l_k
+    qb = F.pad(q.to(work), (0, 0, 0, pad_q)).reshape(-1, heads * n_q, block_size, d_k)
+    kb = F.pad(k.to(work), (0, 0, 0, pad_k)).reshape(-1, heads * n_k, block_size, d_k)
+    vb = F.pad(v.to(work), (0, 0, 0, pad_k)).reshape(-1, heads * n_k, block_size, d_v)
     pairs = layout.reshape(heads, n_q, n_k).nonzero()                                     # (P, 3): head, a, b
     q_idx = pairs[:, 0] * n_q + pairs[:, 1]
     k_idx = pairs[:, 0] * n_k + pairs[:, 2]
 
     scores = torch.matmul(qb.index_select(1, q_idx), kb.index_select(1, k_idx).transpose(-2, -1)) * scale
+    if pad_k:                                                                             # padded keys of the last block
+        key_pos = pairs[:, 2, None] * block_size + torch.arange(block_size, device=q.device)
+        scores = scores.masked_fill((key_pos >= l_k)[:, None, :], float("-inf"))
     n, rows = qb.shape[0], qb.shape[1]                                                    # scores (N, P, bs, bs)
     with torch.no_grad():                                                                 # per-row max over its tiles
         tile_max = scores.amax(dim=-1)                                                    # (N, P, bs)
         row_max = tile_max.new_zeros(n, rows, block_size).scatter_reduce(
             1, q_idx.view(1, -1, 1).expand_as(tile_max), tile_max, "amax", include_self=False)
+        row_max = row_max.masked_fill(row_max == float("-inf"), 0.0)                      # only padded keys
     p = torch.exp(scores - row_max.index_select(1, q_idx).unsqueeze(-1))
     denom = scores.new_zeros(n, rows, block_size).index_add(1, q_idx, p.sum(dim=-1))
     numer = scores.new_zeros(n, rows, block_size, d_v).index_add(1, q_idx, torch.matmul(p, vb.index_select(1, k_idx)))
     has_key = denom > 0                                                                   # False: no active block
     out = numer / torch.where(has_key, denom, torch.ones_like(denom)).unsqueeze(-1)
-    return out.reshape(q.shape[:-1] + (d_v,)).to(in_dtype)
+    out = out.reshape(q.shape[:-2] + (n_q * block_size, d_v))[..., :l_q, :]
+    return out.to(in_dtype)
 
 
 # ----------------------------------------------------------------------------- graph view of a mask (M7.1)
