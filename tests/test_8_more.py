@@ -402,3 +402,19 @@ def test_random_feature_bad_input(gen):
         sample_rff(8, 4, sigma=0.0)
     with pytest.raises(ValueError, match="kind must be"):
         random_feature_kernel(q, q, torch.randn(8, 4), "cosine")
+
+
+@pytest.mark.parametrize("fn", ["linformer", "rfa", "performer"])
+def test_half_precision_runs_in_fp32_M8_3_M8_6_M8_7(fn, gen):
+    """bf16 inputs: computed in fp32 and rounded once on return, so the result is the fp32 result of the same
+    (bf16-valued) inputs within bf16 tolerance, and comes back in bf16."""
+    q, k, v = (torch.randn(1, 2, 24, 8, generator=gen) * 0.5 for _ in range(3))
+    E = torch.randn(6, 24, generator=gen) / 5
+    W = sample_rff(16, 8, seed=1)
+    call = {"linformer": lambda q, k, v, P: linformer_attention(q, k, v, P, P),
+            "rfa": lambda q, k, v, P: rfa_attention(q, k, v, W),
+            "performer": lambda q, k, v, P: performer_attention(q, k, v, 32, causal=True)}[fn]
+    half = [x.to(torch.bfloat16) for x in (q, k, v, E)]
+    got = call(*half)
+    assert got.dtype == torch.bfloat16
+    assert_close(got, call(*[x.float() for x in half]), name=f"{fn} bf16 vs fp32")

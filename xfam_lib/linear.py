@@ -607,7 +607,7 @@ def capacity_curve(d: int, ns, *, trials: int = 20, orthonormal: bool = False, s
     are standard Gaussian ``(n, d)``. fp64 on the CPU.
     """
     d, trials = check_positive_int("d", d), check_positive_int("trials", trials)
-    ns = [check_positive_int("ns[i]", n) for n in ns]
+    ns = [check_positive_int("each n in ns", n) for n in ns]
     gen = _generator(seed)
     errors = []
     for n in ns:
@@ -671,9 +671,8 @@ def make_log_gate(kind: str, x: torch.Tensor, params: dict) -> torch.Tensor:
             got = tuple(p[name].shape) if isinstance(p[name], torch.Tensor) else type(p[name]).__name__
             raise ValueError(f"params[{name!r}] must be (d_model, ...) with d_model = {x.shape[-1]} (x {tuple(x.shape)}), "
                              f"got {got}")
-    for name in ("tau",):
-        if name in p and not bool(torch.all(torch.as_tensor(p[name]) > 0)):
-            raise ValueError(f"params['tau'] must be > 0, got {p[name]!r}")
+    if "tau" in p and not bool(torch.all(torch.as_tensor(p["tau"]) > 0)):
+        raise ValueError(f"params['tau'] must be > 0, got {p['tau']!r}")
     if kind == "retnet":
         gamma = torch.as_tensor(p["gamma"], dtype=x.dtype, device=x.device)
         if not bool(((gamma > 0) & (gamma <= 1)).all()):
