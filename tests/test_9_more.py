@@ -143,10 +143,11 @@ def test_s4d_layer_fft_equals_recurrence_and_is_causal_M9_5(gen):
     x = randn(2, 23, 4, gen=gen)
 
     def by_recurrence(x):
-        A = torch.complex(-torch.exp(layer.log_A_re), layer.A_im)
+        ssm = layer.ssm
+        A = torch.complex(-torch.exp(ssm.log_A_re), ssm.A_im)
         A_full = torch.cat([A, A.conj()], -1)
-        C = torch.view_as_complex(layer.C)
-        A_bar, B_bar = discretize(A_full, torch.ones_like(A_full), torch.exp(layer.log_dt), "zoh")
+        C = torch.view_as_complex(ssm.C)
+        A_bar, B_bar = discretize(A_full, torch.ones_like(A_full), torch.exp(ssm.log_dt), "zoh")
         y = ssm_recurrence(A_bar, B_bar, torch.cat([C, C.conj()], -1), x.transpose(1, 2).to(A_bar.dtype))
         y = y.real.transpose(1, 2) + layer.D * x
         return F.glu(layer.out(F.gelu(y)), dim=-1)
@@ -392,6 +393,8 @@ def test_ssd_initial_state_and_strong_decay_M9_11(gen):
     y1, h1 = ssd_chunked(x, a, B, C, 4, h_in, return_final_state=True)
     assert_close(y1, y0)
     assert_close(h1, h0)
+    with pytest.raises(ValueError, match=r"initial_state must be \(batch, H, P, N\)"):
+        ssd_chunked(x, a, B, C, 4, h_in[:, :2])
     strong = a * 1e4 - 1e4
     y0 = ssd_scan(x, strong, B, C)
     y1 = ssd_chunked(x, strong, B, C, chunk_size=4)
@@ -474,3 +477,14 @@ def test_sinusoidal_pe_is_the_kernel_of_a_rotation_ssm_M9_4():
     pe = sinusoidal_encoding(L, d)
     assert_close(K[0].T.float(), pe[:, 0::2])
     assert_close(K[1].T.float(), pe[:, 1::2])
+
+
+@pytest.mark.parametrize("make", [lambda: S4DLayer(4, 8), lambda: H3Layer(4, 8, head_dim=2), lambda: MambaBlock(4, 4)])
+def test_every_layer_parameter_gets_a_gradient_M9_5_M9_7_M9_10(make, gen):
+    """M9.5, M9.7, M9.10: every parameter of the S4D, H3 and Mamba layers takes part in the output (a nonzero
+    gradient), so none is dead weight."""
+    torch.manual_seed(0)
+    layer = make().double()
+    layer(randn(2, 6, 4, gen=gen)).square().sum().backward()
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name

@@ -39,6 +39,7 @@ __all__ = [
     "selective_scan",
     "s4d_init",
     "s4d_kernel",
+    "S4DKernel",
     "S4DLayer",
     "shift_ssm_kernel",
     "h3_mix",
@@ -610,36 +611,47 @@ def _long_conv(u: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
     return ssm_convolve(u.transpose(1, 2), K).transpose(1, 2)
 
 
+class S4DKernel(torch.nn.Module):
+    """The trainable S4D kernel of ``H`` channels: ``forward(length)`` → `s4d_kernel` ``(H, length)``.
+
+    Parameters: ``log_dt (H,)`` drawn log-uniformly in ``[dt_min, dt_max]``; ``log_A_re`` (so that
+    ``A_re = -exp(log_A_re) < 0``) and ``A_im`` from `s4d_init`; complex ``C`` stored as ``(H, N/2, 2)``
+    reals (``torch.view_as_real``), as in the reference ``s4d.py``.
+    """
+
+    def __init__(self, channels: int, d_state: int = 64, init: str = "lin", dt_min: float = 1e-3,
+                 dt_max: float = 1e-1):
+        super().__init__()
+        A_re, A_im = s4d_init(channels, d_state, init)
+        self.log_dt = torch.nn.Parameter(torch.rand(channels) * (math.log(dt_max) - math.log(dt_min))
+                                         + math.log(dt_min))
+        self.log_A_re = torch.nn.Parameter(torch.log(-A_re))
+        self.A_im = torch.nn.Parameter(A_im)
+        self.C = torch.nn.Parameter(torch.view_as_real(torch.randn(channels, d_state // 2, dtype=torch.cfloat)))
+
+    def forward(self, length: int) -> torch.Tensor:
+        return s4d_kernel(self.log_dt, -torch.exp(self.log_A_re), self.A_im, torch.view_as_complex(self.C), length)
+
+
 class S4DLayer(torch.nn.Module):
     """One S4D layer (Gu et al. 2022): ``d_model`` independent diagonal SSMs, one per channel.
 
     ``x (batch, L, d_model)`` → ``(batch, L, d_model)``: ``y = K * x + D x`` per channel (``K`` from
-    `s4d_kernel`, FFT convolution), then GELU and a position-wise linear map to ``2 d_model``
-    followed by a GLU, as in the reference ``s4d.py``. Parameters: ``log_dt (H,)`` drawn
-    log-uniformly in ``[dt_min, dt_max]``, ``log_A_re`` (so ``A_re = -exp(log_A_re) < 0``),
-    ``A_im`` (`s4d_init`), complex ``C`` stored as ``(H, N/2, 2)`` reals, ``D (H,)``.
+    the `S4DKernel` ``ssm``, FFT convolution), then GELU and a position-wise linear map to
+    ``2 d_model`` followed by a GLU, as in the reference ``s4d.py``.
     """
 
     def __init__(self, d_model: int, d_state: int = 64, init: str = "lin", dt_min: float = 1e-3,
                  dt_max: float = 1e-1):
         super().__init__()
-        A_re, A_im = s4d_init(d_model, d_state, init)
         self.d_model = d_model
-        self.log_dt = torch.nn.Parameter(torch.rand(d_model) * (math.log(dt_max) - math.log(dt_min))
-                                         + math.log(dt_min))
-        self.log_A_re = torch.nn.Parameter(torch.log(-A_re))
-        self.A_im = torch.nn.Parameter(A_im)
-        self.C = torch.nn.Parameter(torch.view_as_real(torch.randn(d_model, d_state // 2, dtype=torch.cfloat)))
+        self.ssm = S4DKernel(d_model, d_state, init, dt_min, dt_max)
         self.D = torch.nn.Parameter(torch.randn(d_model))
         self.out = torch.nn.Linear(d_model, 2 * d_model)
 
-    def kernel(self, length: int) -> torch.Tensor:
-        """The current convolution kernel ``(d_model, length)``."""
-        return s4d_kernel(self.log_dt, -torch.exp(self.log_A_re), self.A_im, torch.view_as_complex(self.C), length)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_sequence("S4DLayer: x", x, self.d_model)
-        y = _long_conv(x, self.kernel(x.shape[1]).to(x.dtype)) + self.D * x
+        y = _long_conv(x, self.ssm(x.shape[1]).to(x.dtype)) + self.D * x
         return F.glu(self.out(F.gelu(y)), dim=-1)
 
 
@@ -706,13 +718,13 @@ class H3Layer(torch.nn.Module):
         self.qkv = torch.nn.Linear(d_model, 3 * d_model)
         self.out = torch.nn.Linear(d_model, d_model)
         self.shift_c = torch.nn.Parameter(torch.randn(self.heads, head_dim, d_state) / math.sqrt(d_state))
-        self.diag = S4DLayer(self.heads * head_dim * head_dim, d_state, "lin", dt_min, dt_max)
+        self.diag = S4DKernel(self.heads * head_dim * head_dim, d_state, "lin", dt_min, dt_max)
+        self.D = torch.nn.Parameter(torch.randn(self.heads, head_dim, head_dim))
 
     def kernels(self, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(shift_K (H, d_h, L), diag_K (H, d_h, d_h, L), D (H, d_h, d_h))`` for `h3_mix`."""
         shape = (self.heads, self.head_dim, self.head_dim)
-        return (shift_ssm_kernel(self.shift_c, length), self.diag.kernel(length).reshape(*shape, length),
-                self.diag.D.reshape(shape))
+        return shift_ssm_kernel(self.shift_c, length), self.diag(length).reshape(*shape, length), self.D
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_sequence("H3Layer: x", x, self.d_model)
@@ -844,6 +856,17 @@ def _check_ssd(fn: str, x, a, B, C):
             C.to(work).repeat_interleave(heads // C.shape[2], dim=2))
 
 
+def _ssd_initial_state(fn: str, h0, x: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``h0 (batch, H, P, N)`` in the compute dtype, zeros if ``None``."""
+    shape = (x.shape[0], x.shape[2], x.shape[-1], B.shape[-1])
+    if h0 is None:
+        return x.new_zeros(shape)
+    check_tensor("initial_state", h0, floating=True)
+    if tuple(h0.shape) != shape:
+        raise ValueError(f"{fn}: initial_state must be (batch, H, P, N) = {shape}, got {tuple(h0.shape)}")
+    return h0.to(x.dtype)
+
+
 def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor, initial_state=None,
              return_final_state: bool = False):
     """Loop reference for the scalar-decay SSM of Mamba-2 (SSD), one step at a time.
@@ -856,7 +879,7 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
     out = x.dtype
     x, a, B, C = _check_ssd("ssd_scan", x, a, B, C)
     batch, length, heads, p = x.shape
-    h = x.new_zeros(batch, heads, p, B.shape[-1]) if initial_state is None else initial_state.to(x.dtype)
+    h = _ssd_initial_state("ssd_scan", initial_state, x, B)
     ys = []
     for t in range(length):
         h = torch.exp(a[:, t])[..., None, None] * h + x[:, t, :, :, None] * B[:, t, :, None, :]
@@ -903,6 +926,7 @@ def ssd_chunked(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tens
     chunk_size = check_positive_int("chunk_size", chunk_size)
     out = x.dtype
     x, a, B, C = _check_ssd("ssd_chunked", x, a, B, C)
+    init = _ssd_initial_state("ssd_chunked", initial_state, x, B)[:, None]   # (b, 1, H, P, N)
     batch, length, heads, p = x.shape
     pad = (-length) % chunk_size
     x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))
@@ -914,8 +938,6 @@ def ssd_chunked(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tens
     y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, torch.exp(segsum(a)), x)        # step 1
     to_end = F.pad(a.flip(-1).cumsum(-1)[..., :-1], (1, 0)).flip(-1)           # a_{s+1} + ... + a_{T-1}
     states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, torch.exp(to_end), x)                    # step 2
-    init = states.new_zeros(batch, 1, heads, p, B.shape[-1]) if initial_state is None \
-        else initial_state.to(states.dtype)[:, None]
     states = torch.cat([init, states], dim=1)                                    # (b, c+1, H, P, N)
     chunk_decay = torch.exp(segsum(F.pad(a.sum(-1), (1, 0))))                  # (b, H, c+1, c+1)
     states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)                              # step 3
