@@ -120,7 +120,8 @@ def test_s4d_kernel_at_A_zero_is_dt_times_C_M9_5(gen):
 
 
 def test_s4d_init_lin_and_inv_M9_5():
-    """M9.5: S4D-Lin A_n = -1/2 + i π n; S4D-Inv A_n = -1/2 + i (N/π)(N/(2n+1) - 1) (Gu et al. 2022, §4), N = d_state;
+    """M9.5: S4D-Lin A_n = -1/2 + i π n; S4D-Inv A_n = -1/2 + i (N/π)(N/(2n+1) - 1) (Gu et al. 2022, §4),
+    N = d_state;
     odd d_state (no conjugate pairs) and unknown inits raise."""
     A_re, A_im = s4d_init(3, 6, "lin")
     assert A_re.shape == (3, 3) and bool((A_re == -0.5).all())
@@ -406,7 +407,8 @@ def test_ssd_initial_state_and_strong_decay_M9_11(gen):
 
 def test_ssd_equals_selective_scan_with_scalar_A_per_head_M9_11(gen):
     """M9.11: Mamba-2's SSM is Mamba's with A_h·1 shared over the state and one delta per head: `selective_scan`
-    with u = x (channels = heads × P), A repeated, B, C grouped per head ≡ `ssd_chunked(delta·x, delta·A, B, C)`."""
+    with u = x (channels = heads × P), A repeated, B, C grouped per head
+    ≡ `ssd_chunked(delta·x, delta·A, B, C)`."""
     b, L, H, P, N = 2, 11, 3, 2, 4
     x = randn(b, L, H, P, gen=gen)
     delta = torch.rand(b, L, H, generator=gen, dtype=F64)
@@ -414,8 +416,9 @@ def test_ssd_equals_selective_scan_with_scalar_A_per_head_M9_11(gen):
     B, C = randn(b, L, H, N, gen=gen), randn(b, L, H, N, gen=gen)
     y = ssd_chunked(x * delta[..., None], delta * A, B, C, chunk_size=4)
     u = x.reshape(b, L, H * P).transpose(1, 2)
-    y_ms = selective_scan(u, delta.repeat_interleave(P, 2).transpose(1, 2), A.repeat_interleave(P)[:, None].expand(-1, N),
-                          B.permute(0, 2, 3, 1), C.permute(0, 2, 3, 1))
+    A_channels = A.repeat_interleave(P)[:, None].expand(-1, N)
+    y_ms = selective_scan(u, delta.repeat_interleave(P, 2).transpose(1, 2), A_channels, B.permute(0, 2, 3, 1),
+                          C.permute(0, 2, 3, 1))
     assert_close(y.reshape(b, L, H * P).transpose(1, 2), y_ms)
 
 
