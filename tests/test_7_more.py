@@ -17,7 +17,7 @@ from xfam_lib.sparse import (
     SELF_LOGIT, RevBlock, block_sparse_attention, blockwise_attention, blockwise_layout, blockwise_mask,
     checkpointed_sequence, chunked_ff, dca_attention, dca_attention_reference, dca_position_matrix,
     dense_masked_attention, etc_masks, expand_layout, graph_diameter, hop_distances, kmeans_ema_update,
-    local1d_mask, local2d_mask, longformer_mask, lsh_attention, lsh_attention_reference, lsh_hash, mask_to_bias,
+    local1d_mask, local2d_mask, longformer_attention, longformer_mask, lsh_attention, lsh_attention_reference, lsh_hash, mask_to_bias,
     nnz, receptive_field, reversible_sequence, routing_assign, routing_attention, routing_mask, sliding_window_mask, strided_mask,
 )
 from xfam_lib.testing import assert_close
@@ -86,6 +86,20 @@ def test_block_sparse_ragged_lengths_equal_dense_M7_1(lq, lk, bs, per_head, gen)
     ref = dense_masked_attention(q, k, v, expand_layout(layout, bs)[..., :lq, :lk])
     assert_close(ours, ref)
     assert not ours[..., :bs, :].any()
+    for g1, g2 in zip(grads(ours, (q, k, v), cot), grads(ref, (q, k, v), cot)):
+        assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("L,window,global_idx", [(40, 3, [0]), (37, 5, [0, 4, 36]), (20, 2, []), (9, 20, [3]),
+                                                 (70, 4, [10, 11, 69])])
+def test_longformer_attention_equals_dense_M7_10(L, window, global_idx, gen):
+    """Band (chunked) + global keys off the band, merged by logsumexp, + full global rows ≡ dense attention
+    with longformer_mask, outputs and gradients."""
+    q, k, v = (randn(2, L, 6, gen=gen, requires_grad=True) for _ in range(3))
+    cot = randn(2, L, 6, gen=gen)
+    ours = longformer_attention(q, k, v, window, global_idx)
+    ref = dense_masked_attention(q, k, v, longformer_mask(L, window, 1, global_idx))
+    assert_close(ours, ref)
     for g1, g2 in zip(grads(ours, (q, k, v), cot), grads(ref, (q, k, v), cot)):
         assert_close(g1, g2)
 
@@ -449,7 +463,7 @@ def test_dca_attention_equals_loop_M7_17(L, gen):
 
 # ----------------------------------------------------------------------------- half precision and bad input
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_new_kernels_half_precision_M7_8_M7_13_M7_16_M7_17(dtype, gen):
+def test_new_kernels_half_precision_M7_8_M7_10_M7_13_M7_16_M7_17(dtype, gen):
     """fp16/bf16 inputs are computed in fp32 and returned in their dtype: equal, within one rounding to the
     half type (the dtype's tolerance), to fp64 on the same rounded inputs."""
     q, k, v = (randn(2, 16, 8, gen=gen).to(dtype) for _ in range(3))
@@ -457,7 +471,8 @@ def test_new_kernels_half_precision_M7_8_M7_13_M7_16_M7_17(dtype, gen):
     kernels = {"blockwise": lambda a, b, c: blockwise_attention(a, b, c, 4, [1, 0, 3, 2]),
                "lsh": lambda a, b, c: lsh_attention(a, c, 4, 4, 2, seed=0),
                "routing": lambda a, b, c: routing_attention(a, b, c, mu.to(a.dtype), 6),
-               "dca": lambda a, b, c: dca_attention(a, b, c, 8, 6, 2)}
+               "dca": lambda a, b, c: dca_attention(a, b, c, 8, 6, 2),
+               "longformer": lambda a, b, c: longformer_attention(a, b, c, 2, [0, 9])}
     for name, fn in kernels.items():
         out = fn(q, k, v)
         assert out.dtype == dtype, name

@@ -38,6 +38,7 @@ __all__ = [
     "expand_layout",
     "sliding_window_attention",
     "block_sparse_attention",
+    "longformer_attention",
     "dense_masked_attention",
     "nnz",
     "receptive_field",
@@ -299,41 +300,84 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     multiple of ``block_size`` is padded and cut back. fp16/bf16 computed in fp32, returned in their dtype.
     """
     _check_qkv(q, k, v)
-    length = q.shape[-2]
-    if k.shape[-2] != length:
+    if k.shape[-2] != q.shape[-2]:
         raise ValueError(f"sliding_window_attention is self-attention and needs Lq == Lk, got q {tuple(q.shape)} "
                          f"and k {tuple(k.shape)}")
     window = _check_nonneg_int("window", window)
     scale = _resolve_scale(scale, q)
+    chunk = None if block_size is None else _check_block("block_size", block_size)
+    in_dtype = q.dtype
+    work = _compute_dtype(in_dtype)
+    out, _ = _sliding_window(*(t.to(work) for t in (q, k, v)), window, bool(causal), scale, chunk, with_lse=False)
+    return out.to(in_dtype)
+
+
+def _sliding_window(q, k, v, window: int, causal: bool, scale: float, chunk: int | None, *, with_lse: bool):
+    """The chunked band computation of `sliding_window_attention` on checked inputs in the compute dtype;
+    returns ``(out, lse)`` with the rows' logsumexp ``(..., L)`` when ``with_lse`` (else ``None``)."""
+    length = q.shape[-2]
     w = min(window, length - 1)                                       # a wider band allows nothing more
-    chunk = max(32, w // 4) if block_size is None else _check_block("block_size", block_size)
-    chunk = min(chunk, length)
+    chunk = min(max(32, w // 4) if chunk is None else chunk, length)
     n_chunks = -(-length // chunk)
     pad = n_chunks * chunk - length
     right = 0 if causal else w
     width = chunk + w + right
-
-    in_dtype = q.dtype
-    work = _compute_dtype(in_dtype)
-    q, k, v = (t.to(work) for t in (q, k, v))
     q_chunks = F.pad(q * scale, (0, 0, 0, pad)).unflatten(-2, (n_chunks, chunk))         # (..., n, bs, d_k)
 
     def bands(t: torch.Tensor) -> torch.Tensor:                                          # (..., n, width, d)
         return F.pad(t, (0, 0, w, pad + right)).unfold(-2, width, chunk).transpose(-2, -1)
 
     k_bands, v_bands = bands(k), bands(v)
-    outside, padding = _band_masks(length, n_chunks, chunk, w, bool(causal), q.device)
-    lowest = torch.finfo(work).min
+    outside, padding = _band_masks(length, n_chunks, chunk, w, causal, q.device)
+    lowest = torch.finfo(q.dtype).min
     group = max(1, 1024 // chunk)
-    outs = []
+    outs, lses = [], []
     for g in range(0, n_chunks, group):
         part = slice(g, g + group)
         scores = torch.matmul(q_chunks[..., part, :, :], k_bands[..., part, :, :].transpose(-2, -1))
         scores.masked_fill_(outside, lowest)                                             # (..., G, bs, width)
         if padding[part].any():                                                          # edge chunks only
             scores.masked_fill_(padding[part], lowest)
-        outs.append(torch.matmul(torch.softmax(scores, dim=-1), v_bands[..., part, :, :]))
+        if with_lse:
+            lse = torch.logsumexp(scores, dim=-1)
+            weights = torch.exp(scores - lse.unsqueeze(-1))
+            lses.append(lse)
+        else:
+            weights = torch.softmax(scores, dim=-1)
+        outs.append(torch.matmul(weights, v_bands[..., part, :, :]))
     out = torch.cat(outs, dim=-3).flatten(-3, -2)[..., :length, :]
+    lse = torch.cat(lses, dim=-2).flatten(-2, -1)[..., :length] if with_lse else None
+    return out, lse
+
+
+def longformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, global_idx=(), *,
+                         scale: float | None = None) -> torch.Tensor:
+    """Longformer attention without the L x L matrix (M7.10): equals `dense_masked_attention` with
+    ``longformer_mask(L, window, 1, global_idx)``. ``q, k (..., L, d_k)``, ``v (..., L, d_v)``.
+
+    Three parts: the band, by `sliding_window_attention`'s chunks (with its logsumexp); the global keys
+    that lie outside a query's band, ``(L, G)`` scores; the two merged exactly with `merge_partials`.
+    Then the ``G`` global queries' rows are replaced by full attention over all keys. Memory
+    O(L · (window + G)). fp16/bf16 computed in fp32.
+    """
+    _check_qkv(q, k, v)
+    length = q.shape[-2]
+    if k.shape[-2] != length:
+        raise ValueError(f"longformer_attention is self-attention and needs Lq == Lk, got q {tuple(q.shape)} "
+                         f"and k {tuple(k.shape)}")
+    window = _check_nonneg_int("window", window)
+    g = _global_indices(global_idx, length, q.device).nonzero().flatten()
+    scale = _resolve_scale(scale, q)
+    in_dtype = q.dtype
+    work = _compute_dtype(in_dtype)
+    q, k, v = (t.to(work) for t in (q, k, v))
+    out, lse = _sliding_window(q, k, v, window, False, scale, None, with_lse=True)
+    if g.numel():
+        off_band = (torch.arange(length, device=q.device)[:, None] - g[None, :]).abs() > window      # (L, G)
+        out_g, lse_g = attention_with_lse(q, k.index_select(-2, g), v.index_select(-2, g), off_band, scale=scale)
+        out, _ = merge_partials([out, out_g], [lse, lse_g])
+        rows = scaled_dot_product_attention(q.index_select(-2, g), k, v, scale=scale)
+        out = out.index_copy(-2, g, rows)
     return out.to(in_dtype)
 
 
