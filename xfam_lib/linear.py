@@ -291,17 +291,26 @@ def _gla_parallel(q, k, v, log_g, state):
     return out, final
 
 
+_SUB_CHUNK = 8   # chunks longer than this compute their own part chunkwise too, in sub-chunks of this size
+
+
 def _gla_chunk(q, k, v, log_g, state, chunk_size: int):
     """Chunkwise form: log-space parallel inside each chunk, the state carried across chunks.
 
     Cumulative sums restart in every chunk, so their size stays bounded by ``C * max|log_g|``.
-    Padding (zero keys, zero log gates) leaves the state unchanged.
+    Padding (zero keys, zero log gates) leaves the state unchanged. A chunk longer than
+    ``_SUB_CHUNK`` gets its own part from this same function (all chunks at once, from a zero state,
+    in sub-chunks), so the ``(C, C, d_k)`` log-space temporary is only ever ``_SUB_CHUNK`` wide.
     """
     length = q.shape[-2]
     chunk_size = min(chunk_size, length)
     qc, kc, vc, gc = (_to_chunks(x, chunk_size) for x in (q, k, v, log_g))   # (..., n, C, d)
     b = gc.cumsum(-2)                                                # log decay from chunk start to i
-    intra = _decay_scores(qc, kc, gc) @ vc                           # (..., n, C, d_v)
+    if chunk_size > _SUB_CHUNK:
+        zero = qc.new_zeros(qc.shape[:-2] + state.shape[-2:])       # (..., n, d_k, d_v)
+        intra, _ = _gla_chunk(qc, kc, vc, gc, zero, _SUB_CHUNK)      # (..., n, C, d_v)
+    else:
+        intra = _decay_scores(qc, kc, gc) @ vc                       # (..., n, C, d_v)
     b_end = b[..., -1:, :]                                           # (..., n, 1, d_k): whole-chunk decay
     q_in = qc * b.exp()                                              # query reads the entering state decayed to i
     k_out = kc * (b_end - b).exp()                                   # key j decayed to the chunk end
