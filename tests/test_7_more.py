@@ -17,7 +17,8 @@ from xfam_lib.sparse import (
     SELF_LOGIT, RevBlock, block_sparse_attention, blockwise_attention, blockwise_layout, blockwise_mask,
     checkpointed_sequence, chunked_ff, dca_attention, dca_attention_reference, dca_position_matrix,
     dense_masked_attention, etc_masks, expand_layout, graph_diameter, hop_distances, kmeans_ema_update,
-    local1d_mask, local2d_mask, longformer_attention, longformer_mask, lsh_attention, lsh_attention_reference, lsh_hash, mask_to_bias,
+    local1d_mask, local2d_mask, longformer_attention, longformer_mask, lsh_attention, lsh_attention_reference,
+    lsh_collision_rate, lsh_hash, mask_to_bias,
     nnz, receptive_field, reversible_sequence, routing_assign, routing_attention, routing_mask, sliding_window_mask, strided_mask,
 )
 from xfam_lib.testing import assert_close
@@ -230,6 +231,17 @@ def test_lsh_collision_probability_falls_with_angle_M7_12(gen):
     for b in prob:
         assert all(x > y for x, y in zip(prob[b], prob[b][1:]))
     assert all(p8 < p2 for p8, p2 in zip(prob[8], prob[2]))
+
+
+def test_lsh_collision_rate_helper_M7_12():
+    """The chapter's helper: 2 buckets estimate 1 − θ/π (2000 pairs × 8 rounds, standard error < 0.006, so
+    0.03 is 5 sigma); 8 buckets collide less and the rate falls with θ."""
+    thetas = [0.3, 1.0, 2.0]
+    two = [lsh_collision_rate(t, 2, seed=5) for t in thetas]
+    eight = [lsh_collision_rate(t, 8, seed=5) for t in thetas]
+    for t, p in zip(thetas, two):
+        assert abs(p - (1 - t / math.pi)) < 0.03
+    assert eight[0] > eight[1] > eight[2] and all(e < p for e, p in zip(eight, two))
 
 
 # ----------------------------------------------------------------------------- M7.13 LSH attention

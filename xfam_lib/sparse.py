@@ -15,6 +15,7 @@ Conventions (as in `xfam_lib.attention` and ``shared/API.md``):
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -53,6 +54,7 @@ __all__ = [
     "mask_to_bias",
     "lsh_rotations",
     "lsh_hash",
+    "lsh_collision_rate",
     "lsh_attention",
     "lsh_attention_reference",
     "RevBlock",
@@ -686,6 +688,25 @@ def lsh_hash(x: torch.Tensor, n_buckets: int, n_rounds: int = 1, seed: int = 0) 
                         dtype=_compute_dtype(x.dtype))
     proj = torch.einsum("...ld,rdb->...rlb", x.to(rot.dtype), rot)                   # (..., R, L, b/2)
     return torch.cat([proj, -proj], dim=-1).argmax(dim=-1)
+
+
+def lsh_collision_rate(theta: float, n_buckets: int, *, n_pairs: int = 2000, d: int = 16, n_rounds: int = 8,
+                       seed: int = 0) -> float:
+    """Fraction of unit-vector pairs at angle ``theta`` (radians) that `lsh_hash` puts in the same bucket
+    (M7.12), over ``n_pairs`` random pairs in ``d`` dimensions and ``n_rounds`` rounds of rotations.
+
+    With 2 buckets the hash is the side of a random hyperplane, so the rate estimates ``1 - theta / pi``.
+    """
+    n_pairs, d = check_positive_int("n_pairs", n_pairs), check_positive_int("d", d)
+    if d < 2:
+        raise ValueError(f"d must be >= 2 to hold two directions at an angle, got {d}")
+    gen = torch.Generator().manual_seed(int(seed))
+    a = F.normalize(torch.randn(n_pairs, d, generator=gen, dtype=torch.float64), dim=-1)
+    b = torch.randn(n_pairs, d, generator=gen, dtype=torch.float64)
+    b = F.normalize(b - (b * a).sum(-1, keepdim=True) * a, dim=-1)                  # unit, orthogonal to a
+    c = math.cos(theta) * a + math.sin(theta) * b                                   # at angle theta from a
+    rot_seed = int(seed) + 1
+    return (lsh_hash(a, n_buckets, n_rounds, rot_seed) == lsh_hash(c, n_buckets, n_rounds, rot_seed)).double().mean().item()
 
 
 SELF_LOGIT = -1e5          # shared QK: a query's own logit (HF Reformer's value); finite, so a lone query still attends itself
