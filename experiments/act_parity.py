@@ -19,60 +19,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from xfam_lib.adaptive import act_halting
-from xfam_lib.tasks import parity_task
+from xfam_lib.experiments import train_parity
 
 OUT = Path(__file__).resolve().parent / "results" / "act_parity.json"
-
-
-class ParityACT(nn.Module):
-    """GRU cell + ACT halting unit + parity read-out. ``forward(x (B, n_bits)) -> (logit (B,), ponder (B,), N (B,))``."""
-
-    def __init__(self, n_bits: int, hidden: int, max_steps: int, threshold: float = 0.99):
-        super().__init__()
-        self.cell = nn.GRUCell(n_bits + 1, hidden)
-        self.halt = nn.Linear(hidden, 1)
-        nn.init.constant_(self.halt.bias, 1.0)          # Graves's initial bias: start by halting early
-        self.out = nn.Linear(hidden, 1)
-        self.hidden, self.max_steps, self.threshold = hidden, max_steps, threshold
-
-    def forward(self, x):
-        first = torch.cat([x, torch.ones_like(x[:, :1])], -1)        # the first-step flag
-        later = torch.cat([x, torch.zeros_like(x[:, :1])], -1)
-
-        def step(h, n):
-            h = self.cell(first if n == 0 else later, h)
-            return h, torch.sigmoid(self.halt(h)).squeeze(-1)
-
-        res = act_halting(step, x.new_zeros(x.shape[0], self.hidden), self.threshold, self.max_steps)
-        return self.out(res.output).squeeze(-1), res.ponder, res.n_updates
-
-
-def train_parity(n_bits: int = 8, hidden: int = 128, max_steps: int = 12, tau: float = 1e-3, steps: int = 3000,
-                 batch: int = 128, lr: float = 3e-3, seed: int = 0, eval_batch: int = 8000) -> dict:
-    """Train one `ParityACT`; return the mean ponder cost, steps N and accuracy per difficulty."""
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
-    model = ParityACT(n_bits, hidden, max_steps)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    for _ in range(steps):
-        x, y, _ = parity_task(batch, n_bits, generator=gen)
-        logit, ponder, _ = model(x)
-        loss = F.binary_cross_entropy_with_logits(logit, y.float()) + tau * ponder.mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    with torch.no_grad():
-        x, y, k = parity_task(eval_batch, n_bits, generator=gen)
-        logit, ponder, n_upd = model(x)
-    correct = ((logit > 0).long() == y).double()
-    per = {d: k == d for d in range(1, n_bits + 1)}
-    return {"ponder": [ponder[m].mean().item() for m in per.values()],
-            "n_updates": [n_upd[m].mean().item() for m in per.values()],
-            "accuracy": [correct[m].mean().item() for m in per.values()]}
 
 
 def main() -> None:

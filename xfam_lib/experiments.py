@@ -5,6 +5,10 @@ trained at one length and evaluated at multiples of it.
 
 `xl_delayed_copy` (chapter 5, M5.1): Transformer-XL models that differ only in memory length, trained
 to copy the token read ``delay`` steps back while reading a stream one segment at a time.
+
+`train_parity` (chapter 6, M6.3): a GRU cell with an ACT halting unit (`ParityACT`) on Graves's parity.
+`train_spans` (chapter 6, M6.4): a small decoder of adaptive-span attention layers (`SpanLM`) on a
+lagged-topic language, returning the learned spans per head.
 """
 from __future__ import annotations
 
@@ -12,9 +16,12 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from .adaptive import AdaptiveSpanAttention, act_halting
 from .memory import TransformerXL
-from .tasks import PAD, LaggedTopicLanguage, delayed_copy
+from .positional import sinusoidal_encoding
+from .tasks import PAD, LaggedTopicLanguage, delayed_copy, parity_task
 from .train import cross_entropy, train_loop
 from .transformer import TransformerLM
 
@@ -110,3 +117,98 @@ def xl_delayed_copy(mem_len: int, delay: int, *, seed: int = 0, steps: int = 150
     with torch.no_grad():
         hits = (stream_logits(model, ids, segment_len).argmax(-1) == targets) & (targets != PAD)
     return hits.sum().item() / (targets != PAD).sum().item(), losses
+
+
+class ParityACT(nn.Module):
+    """GRU cell + ACT halting unit + parity read-out. ``forward(x (B, n_bits)) -> (logit (B,), ponder (B,), N (B,))``."""
+
+    def __init__(self, n_bits: int, hidden: int, max_steps: int, threshold: float = 0.99):
+        super().__init__()
+        self.cell = nn.GRUCell(n_bits + 1, hidden)
+        self.halt = nn.Linear(hidden, 1)
+        nn.init.constant_(self.halt.bias, 1.0)          # Graves's initial bias: start by halting early
+        self.out = nn.Linear(hidden, 1)
+        self.hidden, self.max_steps, self.threshold = hidden, max_steps, threshold
+
+    def forward(self, x):
+        first = torch.cat([x, torch.ones_like(x[:, :1])], -1)        # the first-step flag
+        later = torch.cat([x, torch.zeros_like(x[:, :1])], -1)
+
+        def step(h, n):
+            h = self.cell(first if n == 0 else later, h)
+            return h, torch.sigmoid(self.halt(h)).squeeze(-1)
+
+        res = act_halting(step, x.new_zeros(x.shape[0], self.hidden), self.threshold, self.max_steps)
+        return self.out(res.output).squeeze(-1), res.ponder, res.n_updates
+
+
+def train_parity(n_bits: int = 8, hidden: int = 128, max_steps: int = 12, tau: float = 1e-3, steps: int = 3000,
+                 batch: int = 128, lr: float = 3e-3, seed: int = 0, eval_batch: int = 8000) -> dict:
+    """Train one `ParityACT`; return the mean ponder cost, steps N and accuracy per difficulty."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    model = ParityACT(n_bits, hidden, max_steps)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        x, y, _ = parity_task(batch, n_bits, generator=gen)
+        logit, ponder, _ = model(x)
+        loss = F.binary_cross_entropy_with_logits(logit, y.float()) + tau * ponder.mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        x, y, k = parity_task(eval_batch, n_bits, generator=gen)
+        logit, ponder, n_upd = model(x)
+    correct = ((logit > 0).long() == y).double()
+    per = {d: k == d for d in range(1, n_bits + 1)}
+    return {"ponder": [ponder[m].mean().item() for m in per.values()],
+            "n_updates": [n_upd[m].mean().item() for m in per.values()],
+            "accuracy": [correct[m].mean().item() for m in per.values()]}
+
+
+class SpanLM(nn.Module):
+    """Pre-LN decoder: ``n_layers`` x (AdaptiveSpanAttention + GELU FFN). ``forward(ids (B, L)) -> logits (B, L, vocab)``."""
+
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, max_span: int, ramp: int,
+                 init_span: float):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.attn = nn.ModuleList(AdaptiveSpanAttention(d_model, n_heads, max_span, ramp, init_span=init_span)
+                                  for _ in range(n_layers))
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
+        self.ffn = nn.ModuleList(nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 4 * d_model), nn.GELU(),
+                                               nn.Linear(4 * d_model, d_model)) for _ in range(n_layers))
+        self.out = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, vocab))
+
+    def forward(self, ids):
+        h = self.embed(ids) + sinusoidal_encoding(ids.shape[1], self.embed.embedding_dim).to(ids.device)
+        for attn, norm, ffn in zip(self.attn, self.norms, self.ffn):
+            h = h + attn(norm(h))
+            h = h + ffn(h)
+        return self.out(h)
+
+    def span_penalty(self):
+        return sum(a.span_penalty() for a in self.attn)
+
+
+def train_spans(*, vocab=32, lag=12, p_rule=0.7, topic_size=6, d_model=32, n_heads=4, n_layers=2, length=32,
+                ramp=4, init_span=16.0, coef=3e-3, steps=2000, batch=32, lr=3e-3, span_lr=2e-2, seed=0,
+                device=None) -> dict:
+    """Train one `SpanLM`; return its spans ``(n_layers, n_heads)`` and the last 50 steps' mean loss."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    lang = LaggedTopicLanguage(vocab, lag=lag, p_rule=p_rule, topic_size=topic_size, seed=seed)
+    model = SpanLM(vocab, d_model, n_heads, n_layers, length, ramp, init_span).to(device)
+    spans = [p for n, p in model.named_parameters() if n.endswith("span_logit")]
+    rest = [p for n, p in model.named_parameters() if not n.endswith("span_logit")]
+    opt = torch.optim.Adam([{"params": rest}, {"params": spans, "lr": span_lr}], lr=lr)
+    losses = []
+    for _ in range(steps):
+        ids, _ = lang.sample(batch, length + 1, generator=gen, device=device)
+        ce = F.cross_entropy(model(ids[:, :-1]).reshape(-1, vocab), ids[:, 1:].reshape(-1))
+        opt.zero_grad()
+        (ce + coef * model.span_penalty()).backward()
+        opt.step()
+        losses.append(ce.item())
+    return {"spans": [a.spans.detach().cpu().tolist() for a in model.attn],
+            "final_loss": sum(losses[-50:]) / len(losses[-50:])}
