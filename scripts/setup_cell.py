@@ -62,16 +62,24 @@ def notebooks() -> list[Path]:
     return sorted((ROOT / "chapters").glob("*.ipynb"))
 
 
+COLAB_GPU = {"accelerator": "GPU", "colab": {"gpuType": "T4", "provenance": []}}  # "Open in Colab" starts on a GPU
+
+
 def fix(path: Path) -> bool:
-    """Make the first cell of ``path`` the canonical setup cell; returns True if the file changed."""
+    """Make the first cell of ``path`` the canonical setup cell and ask Colab for a GPU runtime; True if changed."""
     nb = json.loads(path.read_text(encoding="utf-8"))
     cell = {"cell_type": "code", "execution_count": None, "id": CELL_ID, "metadata": {"tags": [TAG]}, "outputs": [],
             "source": setup_cell_source().splitlines(keepends=True)}
     first = nb["cells"][0] if nb["cells"] else None
     missing_ids = [c for c in nb["cells"] if "id" not in c]
+    gpu_ready = nb["metadata"].get("accelerator") == "GPU" and nb["metadata"].get("colab", {}).get("gpuType")
     if (first is not None and "".join(first["source"]) == setup_cell_source()
-            and TAG in first["metadata"].get("tags", []) and first.get("id") == CELL_ID and not missing_ids):
+            and TAG in first["metadata"].get("tags", []) and first.get("id") == CELL_ID and not missing_ids
+            and gpu_ready):
         return False
+    if not gpu_ready:
+        nb["metadata"]["accelerator"] = COLAB_GPU["accelerator"]
+        nb["metadata"].setdefault("colab", {}).update(COLAB_GPU["colab"])
     for c in missing_ids:  # nbformat 4.5 requires an id on every cell
         c["id"] = uuid.uuid4().hex[:8]
     if first is not None and first["cell_type"] == "code" and "google.colab" in "".join(first["source"]):

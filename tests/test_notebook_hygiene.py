@@ -1,7 +1,7 @@
 """Every chapter notebook is stored clean and starts the same way (DESIGN.md "Chapter anatomy").
 
 Stored without outputs; the canonical setup cell first (tagged hidden, from scripts/setup_cell.py);
-a Python 3 kernelspec; imports xfam_lib; a numbered title; cites its METHODS rows; listed in _toc.yml.
+a Python 3 kernelspec; Colab's GPU-runtime metadata (so "Open in Colab" starts on a GPU); imports xfam_lib; a numbered title; cites its METHODS rows; listed in _toc.yml.
 Exercise master notebooks are also stored without outputs.
 """
 import importlib.util
@@ -38,6 +38,13 @@ def test_stored_without_outputs(path):
         if cell["cell_type"] == "code":
             assert not cell.get("outputs"), f"cell {i} has outputs: strip them"
             assert cell.get("execution_count") is None, f"cell {i} has an execution count"
+
+
+@pytest.mark.parametrize("path", CHAPTERS + EXERCISES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_opens_on_a_colab_gpu_runtime(path):
+    meta = load(path)["metadata"]
+    assert meta.get("accelerator") == "GPU" and meta.get("colab", {}).get("gpuType"), \
+        "notebook metadata needs Colab's GPU runtime: \"accelerator\": \"GPU\", \"colab\": {\"gpuType\": \"T4\"}"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
