@@ -14,7 +14,7 @@ from torch import nn
 from xfam_lib.attention import scaled_dot_product_attention
 from xfam_lib.bench import largest_intermediate, peak_memory
 from xfam_lib.sparse import (
-    SELF_LOGIT, RevBlock, block_sparse_attention, blockwise_attention, blockwise_layout, blockwise_mask,
+    SELF_LOGIT, FactorizedSparseAttention, RevBlock, block_sparse_attention, blockwise_attention, blockwise_layout, blockwise_mask,
     checkpointed_sequence, chunked_ff, dca_attention, dca_attention_reference, dca_position_matrix,
     dense_masked_attention, etc_masks, expand_layout, graph_diameter, hop_distances, kmeans_ema_update,
     local1d_mask, local2d_mask, longformer_attention, longformer_mask, lsh_attention, lsh_attention_reference,
@@ -103,6 +103,30 @@ def test_longformer_attention_equals_dense_M7_10(L, window, global_idx, gen):
     assert_close(ours, ref)
     for g1, g2 in zip(grads(ours, (q, k, v), cot), grads(ref, (q, k, v), cot)):
         assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("mode", ["merged", "per_head", "interleaved"])
+def test_factorized_sparse_attention_modes_M7_6(mode, gen):
+    """Each mode ≡ a per-head loop of dense masked attention with the mask the mode names (union of the
+    Sparse Transformer's local and strided heads, head h alternating, or layer 1's pattern for all heads)."""
+    L, d, H = 12, 8, 4
+    local, strided = strided_mask(L, 3, part="local"), strided_mask(L, 3, part="strided")
+    torch.manual_seed(0)
+    layer = FactorizedSparseAttention(d, H, [local, strided], mode, layer=1).double()
+    x = randn(2, L, d, gen=gen)
+    expected_masks = {"merged": [local | strided] * H, "per_head": [local, strided] * 2, "interleaved": [strided] * H}[mode]
+    w_q, w_k, w_v = layer.qkv.weight.split(d)
+    b_q, b_k, b_v = layer.qkv.bias.split(d)
+    heads = []
+    for h in range(H):
+        cols = slice(h * 2, h * 2 + 2)
+        q, k, v = (x @ w[cols].T + b[cols] for w, b in ((w_q, b_q), (w_k, b_k), (w_v, b_v)))
+        scores = (q @ k.mT / math.sqrt(2)).masked_fill(~expected_masks[h], -math.inf)
+        heads.append(torch.softmax(scores, -1) @ v)
+    ref = layer.out(torch.cat(heads, -1))
+    assert_close(layer(x), ref)
+    with pytest.raises(ValueError, match="mode"):
+        FactorizedSparseAttention(d, H, [local], "both")
 
 
 # ----------------------------------------------------------------------------- M7.4 Image Transformer

@@ -41,6 +41,7 @@ __all__ = [
     "block_sparse_attention",
     "longformer_attention",
     "dense_masked_attention",
+    "FactorizedSparseAttention",
     "nnz",
     "receptive_field",
     "hop_distances",
@@ -454,6 +455,61 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     out = numer / torch.where(has_key, denom, torch.ones_like(denom)).unsqueeze(-1)
     out = out.reshape(q.shape[:-2] + (n_q * block_size, d_v))[..., :l_q, :]
     return out.to(in_dtype)
+
+
+# ----------------------------------------------------------------------------- combining factorised patterns (M7.6)
+class FactorizedSparseAttention(nn.Module):
+    """Multi-head self-attention with several sparse masks combined one of three ways (M7.6, Child et al. 2019).
+
+    ``masks`` is a sequence of boolean ``(L, L)`` masks (e.g. ``strided_mask(L, s, part="local")`` and
+    ``part="strided"``). ``mode``:
+
+    * ``"merged"``: every head uses the union of the masks;
+    * ``"per_head"``: head ``h`` uses ``masks[h % len(masks)]``;
+    * ``"interleaved"``: all heads use ``masks[layer % len(masks)]``, so a stack alternates patterns.
+
+    ``forward(x (..., L, d_model))`` → ``(..., L, d_model)``; `head_masks` gives the ``(H, L, L)``
+    masks used, so a test or a figure can check them against `dense_masked_attention`.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, masks, mode: str = "merged", layer: int = 0):
+        super().__init__()
+        d_model, n_heads = check_positive_int("d_model", d_model), check_positive_int("n_heads", n_heads)
+        if d_model % n_heads:
+            raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}")
+        if mode not in ("merged", "per_head", "interleaved"):
+            raise ValueError(f"mode must be 'merged', 'per_head' or 'interleaved', got {mode!r}")
+        self.mode = mode
+        masks = list(masks)
+        if not masks:
+            raise ValueError("masks must be a non-empty sequence of boolean (L, L) masks")
+        for i, m in enumerate(masks):
+            _check_square_mask(m)
+            if m.shape != masks[0].shape:
+                raise ValueError(f"masks[{i}] has shape {tuple(m.shape)}, masks[0] {tuple(masks[0].shape)}")
+        self.register_buffer("masks", torch.stack(masks), persistent=False)
+        self.n_heads, self.layer = n_heads, _check_nonneg_int("layer", layer)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def head_masks(self) -> torch.Tensor:
+        """The ``(H, L, L)`` mask each head uses."""
+        n = self.masks.shape[0]
+        if self.mode == "merged":
+            chosen = self.masks.any(dim=0).expand(self.n_heads, -1, -1)
+        elif self.mode == "per_head":
+            chosen = self.masks[torch.arange(self.n_heads) % n]
+        else:
+            chosen = self.masks[self.layer % n].expand(self.n_heads, -1, -1)
+        return chosen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, min_rank=2, floating=True)
+        if x.shape[-2] != self.masks.shape[-1]:
+            raise ValueError(f"x has length {x.shape[-2]} but the masks are {tuple(self.masks.shape[-2:])}")
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.n_heads, -1)).movedim(-3, 0).transpose(-3, -2)   # (..., H, L, dh)
+        out = dense_masked_attention(q, k, v, self.head_masks())                          # (..., H, L, d_head)
+        return self.out(out.movedim(-3, -2).flatten(-2, -1))
 
 
 # ----------------------------------------------------------------------------- graph view of a mask (M7.1)
