@@ -404,8 +404,8 @@ def test_random_feature_bad_input(gen):
         random_feature_kernel(q, q, torch.randn(8, 4), "cosine")
 
 
-@pytest.mark.parametrize("fn", ["linformer", "rfa", "performer"])
-def test_half_precision_runs_in_fp32_M8_3_M8_6_M8_7(fn, gen):
+@pytest.mark.parametrize("fn", ["linformer", "rfa", "performer", "rff_features", "positive_features"])
+def test_half_precision_runs_in_fp32_M8_3_M8_5_M8_6_M8_7(fn, gen):
     """bf16 inputs: computed in fp32 and rounded once on return, so the result is the fp32 result of the same
     (bf16-valued) inputs within bf16 tolerance, and comes back in bf16."""
     q, k, v = (torch.randn(1, 2, 24, 8, generator=gen) * 0.5 for _ in range(3))
@@ -413,7 +413,9 @@ def test_half_precision_runs_in_fp32_M8_3_M8_6_M8_7(fn, gen):
     W = sample_rff(16, 8, seed=1)
     call = {"linformer": lambda q, k, v, P: linformer_attention(q, k, v, P, P),
             "rfa": lambda q, k, v, P: rfa_attention(q, k, v, W),
-            "performer": lambda q, k, v, P: performer_attention(q, k, v, 32, causal=True)}[fn]
+            "performer": lambda q, k, v, P: performer_attention(q, k, v, 32, causal=True),
+            "rff_features": lambda q, k, v, P: rff_features(q, W),
+            "positive_features": lambda q, k, v, P: positive_random_features(q, W)}[fn]
     half = [x.to(torch.bfloat16) for x in (q, k, v, E)]
     got = call(*half)
     assert got.dtype == torch.bfloat16

@@ -481,15 +481,18 @@ def rff_features(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """Random Fourier features (Rahimi & Recht 2007): ``x (..., d)``, ``W (D, d)`` → ``(..., 2D)``,
     ``phi(x) = [cos(W x), sin(W x)] / sqrt(D)``, so ``phi(x) . phi(y) = mean_i cos(w_i . (x - y))``."""
     _check_features_W(x, W)
-    proj = x @ W.to(x.dtype).T
-    return torch.cat([proj.cos(), proj.sin()], dim=-1) / math.sqrt(W.shape[0])
+    cdtype = _compute_dtype(x.dtype)
+    proj = x.to(cdtype) @ W.to(cdtype).T
+    return (torch.cat([proj.cos(), proj.sin()], dim=-1) / math.sqrt(W.shape[0])).to(x.dtype)
 
 
 def positive_random_features(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """Performer's positive features (FAVOR+, Choromanski et al. 2021): ``x (..., d)``, ``W (m, d)`` → ``(..., m)``,
     ``phi(x) = exp(W x - |x|^2 / 2) / sqrt(m)``; with ``w ~ N(0, I)``, ``E[phi(x) . phi(y)] = exp(x . y)``."""
     _check_features_W(x, W)
-    return torch.exp(x @ W.to(x.dtype).T - 0.5 * x.pow(2).sum(-1, keepdim=True)) / math.sqrt(W.shape[0])
+    x32 = x.to(_compute_dtype(x.dtype))
+    out = torch.exp(x32 @ W.to(x32.dtype).T - 0.5 * x32.pow(2).sum(-1, keepdim=True)) / math.sqrt(W.shape[0])
+    return out.to(x.dtype)
 
 
 def orthogonal_gaussian(m: int, d: int, seed: int = 0, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
