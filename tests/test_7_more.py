@@ -16,7 +16,7 @@ from xfam_lib.bench import largest_intermediate, peak_memory
 from xfam_lib.sparse import (
     SELF_LOGIT, FactorizedSparseAttention, RevBlock, block_sparse_attention, blockwise_attention, blockwise_layout, blockwise_mask,
     checkpointed_sequence, chunked_ff, dca_attention, dca_attention_reference, dca_position_matrix,
-    dense_masked_attention, etc_masks, expand_layout, graph_diameter, hop_distances, kmeans_ema_update,
+    dense_masked_attention, etc_masks, expand_layout, fixed_layout, fixed_mask, graph_diameter, hop_distances, kmeans_ema_update,
     local1d_mask, local2d_mask, longformer_attention, longformer_mask, lsh_attention, lsh_attention_reference,
     lsh_collision_rate, lsh_hash, mask_to_bias,
     nnz, receptive_field, reversible_sequence, routing_assign, routing_attention, routing_mask, sliding_window_mask, strided_mask,
@@ -127,6 +127,18 @@ def test_factorized_sparse_attention_modes_M7_6(mode, gen):
     assert_close(layer(x), ref)
     with pytest.raises(ValueError, match="mode"):
         FactorizedSparseAttention(d, H, [local], "both")
+
+
+@pytest.mark.parametrize("n,s,c,bs", [(8, 4, 1, 4), (9, 3, 2, 2), (6, 6, 3, 3)])
+def test_fixed_layout_through_block_sparse_M7_5(n, s, c, bs, gen):
+    """The block layout of the fixed pattern, made token-causal, is fixed_mask at stride s·bs with c·bs
+    summary cells; block_sparse_attention with it ≡ dense masked attention with its expansion."""
+    layout = fixed_layout(n, s, c)
+    L = n * bs
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    assert torch.equal(expand_layout(layout, bs) & causal, fixed_mask(L, s * bs, c * bs))
+    q, k, v = (randn(2, L, 4, gen=gen) for _ in range(3))
+    assert_close(block_sparse_attention(q, k, v, layout, bs), dense_masked_attention(q, k, v, expand_layout(layout, bs)))
 
 
 # ----------------------------------------------------------------------------- M7.4 Image Transformer

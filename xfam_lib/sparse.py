@@ -33,6 +33,7 @@ __all__ = [
     "dilated_mask",
     "strided_mask",
     "fixed_mask",
+    "fixed_layout",
     "longformer_mask",
     "sink_window_mask",
     "bigbird_layout",
@@ -173,6 +174,18 @@ def fixed_mask(L: int, stride: int, c: int, *, part: str = "union",
     local = past & ((pos[:, None] // stride) == (pos[None, :] // stride))
     summary = past & (pos[None, :] % stride >= stride - c)
     return {"local": local, "summary": summary, "union": local | summary}[part]
+
+
+def fixed_layout(n_blocks: int, stride_blocks: int, c_blocks: int, *,
+                 device: torch.device | str | None = None) -> torch.Tensor:
+    """The *fixed* pattern on blocks, a layout ``(n_blocks, n_blocks)`` for `block_sparse_attention` (M7.5).
+
+    `fixed_mask` applied to block indices: query block ``a`` sees key block ``b <= a`` in its own group of
+    ``stride_blocks`` blocks or among the last ``c_blocks`` blocks of every group. A diagonal block is
+    computed whole, so add ``causal_mask`` inside it for autoregressive use:
+    ``expand_layout(layout, bs) & causal_mask(L)`` equals ``fixed_mask(L, stride_blocks * bs, c_blocks * bs)``.
+    """
+    return fixed_mask(n_blocks, stride_blocks, c_blocks, device=device)
 
 
 def _global_indices(global_idx, L: int, device) -> torch.Tensor:
