@@ -1,4 +1,11 @@
-"""Sparse attention (Chapter 7): sliding-window and block-sparse attention, and the mask toolkit.
+"""Sparse attention (Chapter 7): the mask toolkit, the kernels that make masks pay, and content-based sparsity.
+
+* Pattern builders (boolean masks / block layouts): sliding window, dilated, Sparse Transformer strided
+  and fixed, Image Transformer 1-D/2-D local, blockwise, Longformer, ETC, BigBird, sinks, DCA positions.
+* The graph view: `nnz`, `receptive_field`, `hop_distances`, `graph_diameter`.
+* Kernels, each beside its dense or loop reference: `sliding_window_attention`, `longformer_attention`,
+  `block_sparse_attention`, `blockwise_attention`, `lsh_attention`, `routing_attention`, `dca_attention`.
+* Memory: `RevBlock` / `reversible_sequence`, `chunked_ff`, `checkpointed_sequence`.
 
 Conventions (as in `xfam_lib.attention` and ``shared/API.md``):
 
@@ -8,7 +15,7 @@ Conventions (as in `xfam_lib.attention` and ``shared/API.md``):
 * ``window`` counts neighbours on each side: the two-sided band is ``|i - j| <= window``, the causal
   band ``0 <= i - j <= window`` (the query and the ``window`` keys before it). This is what
   ``attention.causal_mask(L, window=...)`` means too.
-* A block ``layout`` is boolean ``(Lq/bs, Lk/bs)``, or ``(H, Lq/bs, Lk/bs)`` per head;
+* A block ``layout`` is boolean ``(ceil(Lq/bs), ceil(Lk/bs))``, or ``(H, ...)`` per head;
   `expand_layout` turns it into the token mask it stands for.
 * Each efficient form has a dense reference: `scaled_dot_product_attention` with the mask the
   builders here return. A query row with no allowed key returns zeros.
