@@ -33,10 +33,10 @@ bench: $(STAMP)
 exercises: $(STAMP)
 	$(PY) exercises/build.py
 
-## make grade CHAPTER=ch01 SUBMISSIONS=folder: grade every .ipynb in the folder into grades_ch01.csv
+## make grade CHAPTER=ch01 SUBMISSIONS=folder [JOBS=2]: grade every .ipynb in the folder into grades_ch01.csv
 grade: $(STAMP)
-	@test -n "$(CHAPTER)" -a -n "$(SUBMISSIONS)" || (echo "usage: make grade CHAPTER=ch01 SUBMISSIONS=path/to/folder" && exit 2)
-	$(PY) exercises/grade.py $(CHAPTER) $(SUBMISSIONS) --out grades_$(CHAPTER).csv
+	@test -n "$(CHAPTER)" -a -n "$(SUBMISSIONS)" || (echo "usage: make grade CHAPTER=ch01 SUBMISSIONS=path/to/folder [JOBS=2]" && exit 2)
+	$(PY) exercises/grade.py $(CHAPTER) $(SUBMISSIONS) --out grades_$(CHAPTER).csv --jobs $(or $(JOBS),1)
 
 clean:
 	rm -rf _build

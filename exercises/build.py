@@ -367,9 +367,11 @@ def xfam_lib_wheel() -> Path:
 
 
 def grading_requirements(wheel: str) -> list[str]:
-    """The autograder's Python packages: CPU torch and xfam_lib's other dependencies pinned, the wheel, otter."""
+    """The autograder's Python packages: otter with its grading extras (a kernel), CPU torch and xfam_lib's
+    other dependencies pinned from the lock file, and the xfam_lib wheel."""
     lock = ROOT / "requirements-lock.txt"
-    return [TORCH_INDEX, otter_requirement(), *(_pin(p, lock) for p in WHEEL_DEPENDENCIES), wheel]
+    otter = otter_requirement().replace("otter-grader==", "otter-grader[grading]==")
+    return [TORCH_INDEX, otter, *(_pin(p, lock) for p in WHEEL_DEPENDENCIES), wheel]
 
 
 def _finish_zip(zip_path: Path, autograder_dir: Path, config: dict) -> None:

@@ -18,7 +18,8 @@ the same judge the zip's otter plugin runs under ``otter grade`` and on Gradesco
 The CSV has one row per file: ``file``, one column per graded part (points), ``total``,
 ``flags`` (code to review: patching torch or otter, starting processes, reading frames, writing
 files, ...; a second line of defence, never a score) and ``message`` (why points were lost).
-Each submission's full feedback goes to ``<out>_feedback/<file>.txt``.
+Each submission's full report (it shows the hidden cases and their expected values: read it before passing it on) goes to ``--feedback`` (default
+``_build/exercises/CHAPTER/feedback/<file>.txt``).
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def csv_row(name: str, report) -> dict:
 
 
 def grade_folder(chapter: str, folder: Path, out_csv: Path, *, autograder: Path | None = None, jobs: int = 1,
-                 limits=None, isolation: str = "auto", verbose: bool = True) -> list[dict]:
+                 limits=None, isolation: str = "auto", feedback: Path | None = None, verbose: bool = True) -> list[dict]:
     """Grade every ``*.ipynb`` in ``folder``, write ``out_csv`` and the feedback files; returns the rows."""
     from xfam_lib.grading import Judge
 
@@ -87,7 +88,7 @@ def grade_folder(chapter: str, folder: Path, out_csv: Path, *, autograder: Path 
         print(f"{chapter}: {len(judge.tasks)} checks collected in {time.perf_counter() - start:.1f} s; "
               f"sandbox: {judge.isolation}")
     notebooks = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
-    feedback = out_csv.with_name(out_csv.stem + "_feedback")
+    feedback = feedback or build.BUILD / chapter / "feedback"
     feedback.mkdir(parents=True, exist_ok=True)
     possible = _fmt(sum(sum(t.points for t in tests) for tests in judge.questions.values()))
     rows = {}
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--isolation", choices=["auto", "root", "userns", "basic"], default="auto",
                         help="sandbox (auto: namespaces where available; basic: rlimits only, must be asked for)")
     parser.add_argument("--autograder", type=Path, help="autograder zip to use instead of _build/exercises/CHAPTER/")
+    parser.add_argument("--feedback", type=Path, help="folder for one feedback file per submission "
+                                                      "(default _build/exercises/CHAPTER/feedback)")
     args = parser.parse_args(argv)
     if args.chapter not in build.chapters():
         parser.error(f"unknown chapter {args.chapter!r}; have {', '.join(build.chapters())}")
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                     memory_bytes=args.memory_mb * 2 ** 20)
     out = args.out or Path(f"grades_{args.chapter}.csv")
     rows = grade_folder(args.chapter, args.submissions, out, autograder=args.autograder, jobs=args.jobs,
-                        limits=limits, isolation=args.isolation)
+                        limits=limits, isolation=args.isolation, feedback=args.feedback)
     print(f"wrote {out} ({len(rows)} submissions)")
     return 0
 

@@ -340,7 +340,7 @@ def test_grading_end_to_end(chapter, built, tmp_path):
     wrong_notebook(chapter, b.student_dir / f"{chapter}_exercises.ipynb", subs / "wrong_answers.ipynb")
     out = tmp_path / f"grades_{chapter}.csv"
     proc = subprocess.run([sys.executable, str(ROOT / "exercises" / "grade.py"), chapter, str(subs), "--out", str(out),
-                           "--autograder", str(b.zip_path), "--jobs", "2"],
+                           "--autograder", str(b.zip_path), "--jobs", "2", "--feedback", str(tmp_path / "feedback")],
                           capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = {row["file"]: row for row in csv.DictReader(out.open(encoding="utf-8"))}
@@ -356,5 +356,5 @@ def test_grading_end_to_end(chapter, built, tmp_path):
     assert float(wrong["total"]) == 0 and all(f"{p}:" in wrong["message"] for p in parts), wrong
     broken = rows["not_a_notebook.ipynb"]
     assert float(broken["total"]) == 0 and "not a valid notebook" in broken["message"], broken
-    feedback = (tmp_path / f"grades_{chapter}_feedback" / "wrong_answers.txt").read_text(encoding="utf-8")
+    feedback = (tmp_path / "feedback" / "wrong_answers.txt").read_text(encoding="utf-8")
     assert f"Score 0 / {possible:g}" in feedback

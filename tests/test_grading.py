@@ -391,12 +391,13 @@ def attack_run(ch02, tmp_path_factory):
     before = {p: p.read_bytes() for p in (zip_path, sentinel)}
     out = tmp / "grades.csv"
     proc = subprocess.run([sys.executable, str(ROOT / "exercises" / "grade.py"), "ch02", str(subs), "--out", str(out),
-                           "--autograder", str(zip_path), "--jobs", "2", "--timeout", "40", "--call-timeout", "5"],
+                           "--autograder", str(zip_path), "--jobs", "2", "--timeout", "40", "--call-timeout", "5",
+                           "--feedback", str(tmp / "feedback")],
                           capture_output=True, text=True, timeout=600, cwd=tmp)
     leftovers = subprocess.run(["pgrep", "-f", "_runner_main"], capture_output=True, text=True).stdout.split()
     rows = {row["file"].removesuffix(".ipynb"): row for row in csv.DictReader(out.open(encoding="utf-8"))} \
         if out.exists() else {}
-    return {"proc": proc, "rows": rows, "before": before, "leftovers": leftovers, "feedback": tmp / "grades_feedback"}
+    return {"proc": proc, "rows": rows, "before": before, "leftovers": leftovers, "feedback": tmp / "feedback"}
 
 
 def test_the_grading_run_finishes_and_leaves_nothing_behind(attack_run):
@@ -445,7 +446,7 @@ def test_otter_run_with_the_zip_grades_through_the_judge(ch02, tmp_path):
     with zipfile.ZipFile(built.zip_path) as zf:
         assert "xfam_lib.grading.OtterJudge" in zf.read("otter_config.json").decode()
         requirements = zf.read("requirements.txt").decode()
-    assert "torch==" in requirements and "otter-grader==" in requirements and ".whl" in requirements
+    assert "torch==" in requirements and "otter-grader[grading]==" in requirements and ".whl" in requirements
     wrong = _with_cell(_solution_notebook(ch02), WRONG_SDPA + "\nimport torch\ntorch.allclose = lambda *a, **k: True",
                        replace="def sdpa")
     results = {}

@@ -37,11 +37,13 @@ Where a check runs
   copy, and patching the runner's torch, otter or this module changes nothing the judge computes.
 
 The runner is sandboxed (`Limits`): limits on memory, CPU time, processes, file size and open
-files; a private scratch directory; where the OS allows (root, or unprivileged user namespaces
-on Linux) new mount, network and PID namespaces, so it has no network, cannot see the hidden
-tests or the master notebooks, and every process it starts dies with it; as root it also runs
-under an unprivileged uid of its own, so it cannot write the grader's files. Without namespaces
-the judge refuses to run unless told ``isolation="basic"``.
+files, on the time of a cell, of a call and of the whole submission; a private scratch
+directory; where the OS allows (root, or unprivileged user namespaces on Linux) new mount,
+network and PID namespaces, so it has no network, cannot see the hidden tests or the master
+notebooks, and every process it starts dies with it; as root it also runs under an
+unprivileged uid of its own, so it cannot write the grader's files and the process limit is
+its own. Without namespaces the judge refuses to run unless told ``isolation="basic"`` (the
+otter plugin allows it: there each submission has its own container).
 
 Two lines of defence against "not writing it yourself"
 ------------------------------------------------------
@@ -55,8 +57,9 @@ raises `OffLimitsError` and scores the question 0. `scan_code` also reports **re
 to read; they are a second line, not the defence.
 
 What this does not stop: code that copies a solution (from the public repository or from a
-classmate), or that re-implements the library by reading its source file; the flags point at
-the second.
+classmate), or that re-implements the library by reading its source file (the flags point at
+the second); and properties a test measures inside the runner (a memory budget, a kernel spy)
+can be forged by code that patches the measuring functions (flagged too).
 
 This module imports only the standard library, ``torch`` and ``xfam_lib.testing`` at import time.
 """
@@ -1328,6 +1331,23 @@ def _traversable(libc, paths: list[str]) -> None:
             os.close(fd)
 
 
+def _private_tmpfs(libc, target: str, options: str, needed: list[str]) -> None:
+    """A fresh tmpfs on ``target`` (e.g. /tmp) that still shows the ``needed`` paths under it (a venv in /tmp)."""
+    target = os.path.realpath(target)
+    keep = {Path(os.path.realpath(p)).relative_to(target).parts[0] for p in needed
+            if os.path.realpath(p).startswith(target + os.sep)}
+    fds = {name: os.open(os.path.join(target, name), os.O_PATH) for name in keep}
+    _mount(libc, "tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
+    for name, fd in fds.items():
+        path = os.path.join(target, name)
+        if stat.S_ISDIR(os.stat(f"/proc/self/fd/{fd}").st_mode):
+            os.mkdir(path)
+        else:
+            open(path, "w").close()
+        _mount(libc, f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+        os.close(fd)
+
+
 def _user_processes(uid: int) -> int:
     """Threads (RLIMIT_NPROC counts threads) of all processes of ``uid``."""
     count = 0
@@ -1358,15 +1378,15 @@ def _sandbox(config: dict) -> None:
         _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)
         if mode == "root":
             _traversable(libc, config["needed"])
+        size = f"size={limits['file_bytes'] * 4},mode=1777"
+        for tmp in ("/tmp", "/var/tmp", "/dev/shm"):
+            if os.path.isdir(tmp):
+                _private_tmpfs(libc, tmp, size, config["needed"])
         for hidden in config["hide"]:
             if os.path.isdir(hidden):
                 _mount(libc, "tmpfs", hidden, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=4k,mode=0700")
             elif os.path.exists(hidden):
                 _mount(libc, "/dev/null", hidden, None, _MS_BIND)
-        size = f"size={limits['file_bytes'] * 4},mode=1777"
-        for tmp in ("/tmp", "/var/tmp", "/dev/shm"):
-            if os.path.isdir(tmp):
-                _mount(libc, "tmpfs", tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, size)
         scratch = "/tmp/submission"
         os.mkdir(scratch, 0o700)
         if mode == "root":
@@ -1460,7 +1480,7 @@ class _Runner:
         if isolation == "basic":
             os.chmod(self.scratch.name, 0o700)
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", "from xfam_lib.grading import _runner_main; _runner_main()", json.dumps(config)],
+            [sys.executable, "-I", "-u", "-c", "from xfam_lib.grading import _runner_main; _runner_main()", json.dumps(config)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
             start_new_session=True, cwd=self.scratch.name, env=env)
         os.close(write_fd)
