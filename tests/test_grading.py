@@ -226,6 +226,27 @@ def test_tripwires_stop_the_student_and_let_the_library_through():
     assert A.scaled_dot_product_attention.__module__ == original.__module__ and sys.meta_path[0] is not guard.finder
 
 
+def test_a_tripwire_on_a_method_stops_super():
+    """KVCache.update off limits: a subclass that calls the library's update through super() is stopped."""
+    import xfam_lib.attention as A
+
+    guard = grading._Guard({"q5a": ["xfam_lib.attention.KVCache.update"]}).install()
+    student = {"LibraryKVCache": A.KVCache}
+    exec(compile("class KVCache(LibraryKVCache):\n    def update(self, k, v, start_pos):\n"
+                 "        return super().update(k, v, start_pos)\n", "<cell 5>", "exec"), student)
+    try:
+        cache = student["KVCache"](1, 4, 1, 2)
+        with guard.active("q5a"), pytest.raises(OffLimitsError):
+            cache.update(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2), 0)
+        model_cache = A.KVCache(1, 4, 1, 2)                 # the library's own class still works for the library
+        with guard.active("q5a"):
+            A.MultiHeadAttention(2, 1)(torch.zeros(1, 2, 2), cache=model_cache)   # calls model_cache.update itself
+        assert model_cache.length == 2
+    finally:
+        guard.uninstall()
+    assert "update" in vars(A.KVCache) and vars(A.KVCache)["update"].__module__ == "xfam_lib.attention"
+
+
 def test_without_a_sandbox_the_judge_must_be_told(monkeypatch):
     from xfam_lib.grading import Judge
 
