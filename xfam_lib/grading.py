@@ -1001,8 +1001,12 @@ class _Guard:
     # ---- the check
     def check(self, dotted: str, names: set[str], frame) -> None:
         code = frame.f_code
-        if code.co_filename.startswith(self.library) and (names & set(code.co_names) or code.co_name == "__init__"):
-            return
+        if code.co_filename.startswith(self.library):         # the library's own call, by a name it holds
+            obj = self.entries[dotted][0]
+            bound = (obj, self.wrapped.get(id(obj), obj))
+            held = [n for n in code.co_names if any(frame.f_globals.get(n, self) is o for o in bound)]
+            if held or names & set(code.co_names) or code.co_name == "__init__":
+                return
         questions = self.entries[dotted][1]
         hit = questions if self.question is None else [q for q in questions if q == self.question]
         if not hit:
