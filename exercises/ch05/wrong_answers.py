@@ -1,0 +1,127 @@
+"""Deliberately wrong answers to the Chapter 5 exercises, used by tests/test_exercises.py.
+
+``WRONG_ANSWERS[part][variant] = (replacements, keyword)``: ``replacements`` maps the names a
+part's answer defines to wrong implementations. Each must fail the part's **public** tests (every
+requirement a question states is in a public check) and all its hidden tests (zero points),
+with messages of which at least one contains ``keyword``. ``TAMPER_BASE`` names the variant
+the tampering checks use (wrong values of the right shape, what a broken comparison would let
+through). The tests add two generic variants to every part themselves (an exception and an
+endless loop), so they are not listed here.
+"""
+import torch
+
+TAMPER_BASE = "off_by_one"
+
+
+# ----------------------------------------------------------------------------- q1a: xl_memory_update
+def _xl(mem, h, mem_len, *, keep_oldest=False, extra=0, detach=True):
+    both = h if mem is None else torch.cat([mem, h], dim=1)
+    keep = min(mem_len + extra, both.shape[1])
+    out = both[:, :keep] if keep_oldest else both[:, both.shape[1] - keep:]
+    return out.detach() if detach else out
+
+
+def xl_one_row_too_many(mem, h, mem_len):
+    return _xl(mem, h, mem_len, extra=1)                           # keeps mem_len + 1 rows
+
+
+def xl_keeps_oldest(mem, h, mem_len):
+    return _xl(mem, h, mem_len, keep_oldest=True)                  # the first mem_len rows, not the last
+
+
+def xl_no_stop_gradient(mem, h, mem_len):
+    return _xl(mem, h, mem_len, detach=False)                      # backpropagates into the past segment
+
+
+# ----------------------------------------------------------------------------- q2a: compressive_update
+def _compressive(mem, cmem, h, mem_len, cmem_len, ratio, *, drop_newest=False, pool="mean", evicted=True,
+                 cmem_oldest=False):
+    queue = torch.cat([mem, h], dim=1)
+    n_old = max(0, queue.shape[1] - mem_len)
+    old, new_mem = queue[:, :n_old], queue[:, n_old:]
+    if not evicted:
+        old = h                                                    # compresses the new segment instead
+    n = old.shape[1]
+    old = old[:, :n - n % ratio] if drop_newest else old[:, n % ratio:]
+    groups = old.reshape(old.shape[0], n // ratio, ratio, old.shape[-1])
+    pooled = groups.mean(2) if pool == "mean" else groups.amax(2)
+    both = torch.cat([cmem, pooled], dim=1)
+    keep = min(cmem_len, both.shape[1])
+    return new_mem, (both[:, :keep] if cmem_oldest else both[:, both.shape[1] - keep:])
+
+
+def compressive_drops_newest(mem, cmem, h, mem_len, cmem_len, ratio):
+    return _compressive(mem, cmem, h, mem_len, cmem_len, ratio, drop_newest=True)
+
+
+def compressive_max_pool(mem, cmem, h, mem_len, cmem_len, ratio):
+    return _compressive(mem, cmem, h, mem_len, cmem_len, ratio, pool="max")
+
+
+def compressive_of_segment(mem, cmem, h, mem_len, cmem_len, ratio):
+    return _compressive(mem, cmem, h, mem_len, cmem_len, ratio, evicted=False)
+
+
+def compressive_keeps_oldest_cmem(mem, cmem, h, mem_len, cmem_len, ratio):
+    return _compressive(mem, cmem, h, mem_len, cmem_len, ratio, cmem_oldest=True)
+
+
+# ----------------------------------------------------------------------------- q3a: knn_next_token
+def _knn(q, keys, vals, k, vocab, temp=1.0, *, sign=-1.0, squared=True, add=True, use_temp=True):
+    dists = (q[:, None, :] - keys[None, :, :]).square().sum(-1)
+    near, idx = dists.topk(k, dim=-1, largest=False)
+    if not squared:
+        near = near.sqrt()
+    weights = torch.softmax(sign * near / (temp if use_temp else 1.0), dim=-1)
+    p = torch.zeros(q.shape[0], vocab, dtype=q.dtype)
+    return p.scatter_add(1, vals[idx], weights) if add else p.scatter(1, vals[idx], weights)
+
+
+def knn_plus_sign(q, keys, vals, k, vocab, temp=1.0):
+    return _knn(q, keys, vals, k, vocab, temp, sign=1.0)           # far keys weigh more (ERRATA E5.5)
+
+
+def knn_not_squared(q, keys, vals, k, vocab, temp=1.0):
+    return _knn(q, keys, vals, k, vocab, temp, squared=False)
+
+
+def knn_overwrites(q, keys, vals, k, vocab, temp=1.0):
+    return _knn(q, keys, vals, k, vocab, temp, add=False)          # same-token neighbours do not add up
+
+
+def knn_ignores_temp(q, keys, vals, k, vocab, temp=1.0):
+    return _knn(q, keys, vals, k, vocab, temp, use_temp=False)
+
+
+# ----------------------------------------------------------------------------- q3b: knn_lm_mix
+def mix_swapped(p_lm, p_knn, lam):
+    return lam * p_lm + (1.0 - lam) * p_knn                        # lam weighs the model instead
+
+
+def mix_unnormalised(p_lm, p_knn, lam):
+    return lam * p_knn + p_lm                                      # forgets 1 - lam
+
+
+WRONG_ANSWERS = {
+    "q1a": {
+        "wrong_shape": ({"xl_memory_update": xl_one_row_too_many}, "shape"),
+        "off_by_one": ({"xl_memory_update": xl_keeps_oldest}, "max abs error"),
+        "no_stop_gradient": ({"xl_memory_update": xl_no_stop_gradient}, "expected True, got False"),
+    },
+    "q2a": {
+        "off_by_one": ({"compressive_update": compressive_drops_newest}, "max abs error"),
+        "max_pool": ({"compressive_update": compressive_max_pool}, "max abs error"),
+        "compresses_segment": ({"compressive_update": compressive_of_segment}, "cmem"),
+        "cmem_keeps_oldest": ({"compressive_update": compressive_keeps_oldest_cmem}, "max abs error"),
+    },
+    "q3a": {
+        "off_by_one": ({"knn_next_token": knn_plus_sign}, "max abs error"),
+        "not_squared": ({"knn_next_token": knn_not_squared}, "max abs error"),
+        "overwrites": ({"knn_next_token": knn_overwrites}, "max abs error"),
+        "ignores_temp": ({"knn_next_token": knn_ignores_temp}, "max abs error"),
+    },
+    "q3b": {
+        "off_by_one": ({"knn_lm_mix": mix_swapped}, "max abs error"),
+        "unnormalised": ({"knn_lm_mix": mix_unnormalised}, "max abs error"),
+    },
+}
