@@ -19,6 +19,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .utils import check_positive_int, check_same_dtype, check_tensor
+from .utils import compute_dtype as _compute_dtype
 
 __all__ = [
     "causal_mask",
@@ -426,14 +427,6 @@ class MultiHeadAttention(nn.Module):
 
 
 # ------------------------------------------------------------------ softmax numerics (M2.13–M2.17, M3.3, M3.6)
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 for half-precision inputs (accumulate in fp32), otherwise the dtype itself."""
-    return torch.float32 if dtype in _HALF else dtype
-
-
 def softmax_naive(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``exp(x) / sum(exp(x))`` exactly as written, in ``x``'s dtype.
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .utils import check_positive_int, check_same_dtype, check_tensor
+from .utils import compute_dtype as _compute_dtype
 
 __all__ = [
     "FEATURE_MAPS",
@@ -133,11 +134,6 @@ def _check_nonneg(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return float(value)
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 for half types (accumulate in fp32), otherwise the dtype itself."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _check_aux_dtype(name: str, t: torch.Tensor, q: torch.Tensor) -> None:

@@ -25,6 +25,7 @@ from .attention import causal_mask, repeat_kv, scaled_dot_product_attention
 from .positional import XLRelativeAttention, xl_relative_scores
 from .transformer import FeedForward
 from .utils import check_positive_int, check_tensor
+from .utils import compute_dtype as _compute_dtype
 
 __all__ = [
     # Transformer-XL (M5.1, M5.2)
@@ -38,13 +39,6 @@ __all__ = [
     # test-time-learned memory (M5.11)
     "NeuralMemory",
 ]
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in _HALF else dtype
-
 
 def _check_states(name: str, x: torch.Tensor, d_model: int | None = None) -> None:
     check_tensor(name, x, rank=3, floating=True)

@@ -22,6 +22,7 @@ __all__ = [
     "check_positive_int",
     "check_same_dtype",
     "glue",
+    "compute_dtype",
 ]
 
 
@@ -118,6 +119,11 @@ def check_same_dtype(**tensors: torch.Tensor) -> None:
     if len(set(dtypes.values())) > 1:
         seen = ", ".join(f"{n}={d}" for n, d in dtypes.items())
         raise TypeError(f"dtypes must match, got {seen}")
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an algorithm computes in: fp32 for fp16/bf16 inputs (accumulate in fp32), else ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 GLUE_PREFIX = "application/papermill.record/"
