@@ -1322,17 +1322,22 @@ def _traversable(libc, paths: list[str]) -> None:
                 if not os.stat(directory).st_mode & stat.S_IXOTH:
                     blocked.setdefault(directory, set()).add(parts[i])
     for directory in sorted(blocked, key=lambda d: len(Path(d).parts)):
-        children = {c: os.open(os.path.join(directory, c), os.O_PATH) for c in blocked[directory]
-                    if os.path.exists(os.path.join(directory, c))}
-        _mount(libc, "tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=64k,mode=0755")
-        for child, fd in children.items():
-            target = os.path.join(directory, child)
-            if stat.S_ISDIR(os.stat(f"/proc/self/fd/{fd}").st_mode):
-                os.mkdir(target)
-            else:
-                open(target, "w").close()
-            _mount(libc, f"/proc/self/fd/{fd}", target, None, _MS_BIND | _MS_REC)
-            os.close(fd)
+        _tmpfs_keeping(libc, directory, blocked[directory], "size=64k,mode=0755")
+
+
+def _tmpfs_keeping(libc, directory: str, children, options: str) -> None:
+    """Cover ``directory`` with a fresh tmpfs that shows only the named ``children`` (bind mounts of the originals)."""
+    fds = {c: os.open(os.path.join(directory, c), os.O_PATH) for c in children
+           if os.path.exists(os.path.join(directory, c))}
+    _mount(libc, "tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
+    for child, fd in fds.items():
+        target = os.path.join(directory, child)
+        if stat.S_ISDIR(os.stat(f"/proc/self/fd/{fd}").st_mode):
+            os.mkdir(target)
+        else:
+            open(target, "w").close()
+        _mount(libc, f"/proc/self/fd/{fd}", target, None, _MS_BIND | _MS_REC)
+        os.close(fd)
 
 
 def _private_tmpfs(libc, target: str, options: str, needed: list[str]) -> None:
@@ -1340,16 +1345,7 @@ def _private_tmpfs(libc, target: str, options: str, needed: list[str]) -> None:
     target = os.path.realpath(target)
     keep = {Path(os.path.realpath(p)).relative_to(target).parts[0] for p in needed
             if os.path.realpath(p).startswith(target + os.sep)}
-    fds = {name: os.open(os.path.join(target, name), os.O_PATH) for name in keep}
-    _mount(libc, "tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
-    for name, fd in fds.items():
-        path = os.path.join(target, name)
-        if stat.S_ISDIR(os.stat(f"/proc/self/fd/{fd}").st_mode):
-            os.mkdir(path)
-        else:
-            open(path, "w").close()
-        _mount(libc, f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
-        os.close(fd)
+    _tmpfs_keeping(libc, target, keep, options)
 
 
 def _user_processes(uid: int) -> int:
