@@ -415,7 +415,9 @@ def attack_run(ch02, tmp_path_factory):
                            "--autograder", str(zip_path), "--jobs", "2", "--timeout", "40", "--call-timeout", "5",
                            "--feedback", str(tmp / "feedback")],
                           capture_output=True, text=True, timeout=600, cwd=tmp)
-    leftovers = subprocess.run(["pgrep", "-f", "_runner_main"], capture_output=True, text=True).stdout.split()
+    # this run's runners: their command line carries the judge's config, which names this run's zip
+    runners = subprocess.run(["pgrep", "-af", "_runner_main"], capture_output=True, text=True).stdout.splitlines()
+    leftovers = [line.split()[0] for line in runners if str(zip_path.resolve()) in line]
     rows = {row["file"].removesuffix(".ipynb"): row for row in csv.DictReader(out.open(encoding="utf-8"))} \
         if out.exists() else {}
     return {"proc": proc, "rows": rows, "before": before, "leftovers": leftovers, "feedback": tmp / "feedback"}
