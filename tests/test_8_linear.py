@@ -499,3 +499,25 @@ def test_linear_and_gla_on_cuda_M8_9_M8_13(dtype):
         out = gated_linear_attention(q, k, v, log_g, mode=mode, chunk_size=64)
         assert out.device.type == "cuda" and out.dtype == dtype
         assert_close(out, want_gla, name=f"gla {mode}")
+
+
+@pytest.mark.parametrize("low, factored", [(-1.0, True), (-5.0, False)], ids=["mild_gates", "strong_gates"])
+def test_gla_chunk_factored_and_log_space_paths_M8_13(low, factored, gen, monkeypatch):
+    """Chunk 16: gates of at most −1 per step keep a chunk's total log decay above −_SAFE_LOG_DECAY, so the
+    part inside a chunk is the factored product exp(b_i)·exp(−b_j) and the log-space scores are never
+    built; gates near −5 per step would need e^80 factors, so the chunk falls back to log-space sub-chunks.
+    Both paths match the fp64 loop in fp32, outputs and gradients."""
+    import xfam_lib.linear as lin
+    calls = []
+    real = lin._decay_scores
+    monkeypatch.setattr(lin, "_decay_scores", lambda *a: calls.append(1) or real(*a))
+    shape, d_k = (1, 2, 64), 8
+    q, k, v = randn(*shape, d_k, gen=gen), randn(*shape, d_k, gen=gen), randn(*shape, d_k, gen=gen)
+    log_g = log_gates(*shape, d_k, gen=gen, low=low, high=low / 5)
+    cots = (randn(*shape, d_k, gen=gen), randn(1, 2, d_k, d_k, gen=gen))
+    want = outputs_and_grads(lambda q, k, v, g: ref_gla(q, k, v, g, d_k ** -0.5), (q, k, v, log_g), cots)
+    got = outputs_and_grads(
+        lambda q, k, v, g: gated_linear_attention(q, k, v, g, mode="chunk", chunk_size=16, return_final_state=True),
+        tuple(x.float() for x in (q, k, v, log_g)), tuple(c.float() for c in cots))
+    assert_same(got, want, f"chunk, gates >= {low}")
+    assert (not calls) == factored, len(calls)

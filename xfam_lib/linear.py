@@ -194,25 +194,30 @@ def _linear_recurrent(fq, fk, v, causal: bool):
 
 
 def _linear_chunk(fq, fk, v, causal: bool, chunk_size: int):
-    """Chunkwise form: the state entering each chunk (inter) plus a masked product inside it (intra)."""
+    """Chunkwise form: a masked product inside each chunk (intra), plus the state entering it (inter).
+
+    Causal: the normaliser rides along as one extra value column of ones (``phi(q)^T z`` is
+    ``phi(q)^T S`` for ``v = 1``), so numerator and denominator come out of the same products, and
+    the state is carried from chunk to chunk in a loop of ``L / C`` steps (``S`` before chunk ``c``
+    holds chunks ``0 .. c-1``). Non-causal: every query reads the full sums, accumulated chunk by chunk.
+    """
     length = fq.shape[-2]
     chunk_size = min(chunk_size, length)                             # one chunk never needs padding past L
-    qc, kc, vc = (_to_chunks(x, chunk_size) for x in (fq, fk, v))   # (..., n, C, d); padded keys are 0
-    kv = kc.transpose(-2, -1) @ vc                                   # (..., n, d_phi, d_v): chunk's share of S
-    ksum = kc.sum(-2)                                                # (..., n, d_phi): chunk's share of z
-    if causal:
-        # exclusive prefix sums over chunks: the state before chunk c holds chunks 0 .. c-1
-        S = torch.cat([torch.zeros_like(kv[..., :1, :, :]), kv[..., :-1, :, :]], dim=-3).cumsum(-3)
-        z = torch.cat([torch.zeros_like(ksum[..., :1, :]), ksum[..., :-1, :]], dim=-2).cumsum(-2)
-        intra = (qc @ kc.transpose(-2, -1)).tril()                   # (..., n, C, C)
-        num = qc @ S + intra @ vc
-        den = (qc * z.unsqueeze(-2)).sum(-1) + intra.sum(-1)
-    else:
-        S = kv.sum(-3, keepdim=True)                                 # full sums, accumulated chunk by chunk
-        z = ksum.sum(-2, keepdim=True)
-        num = qc @ S
-        den = (qc * z.unsqueeze(-2)).sum(-1)
-    return _from_chunks(num, length), _from_chunks(den.unsqueeze(-1), length).squeeze(-1)
+    if not causal:
+        qc, kc, vc = (_to_chunks(x, chunk_size) for x in (fq, fk, v))   # padded keys are 0
+        S = (kc.transpose(-2, -1) @ vc).sum(-3, keepdim=True)        # (..., 1, d_phi, d_v)
+        z = kc.sum((-3, -2))                                         # (..., d_phi)
+        return _from_chunks(qc @ S, length), (fq * z.unsqueeze(-2)).sum(-1)
+    v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)     # (..., L, d_v + 1)
+    qc, kc, vc = (_to_chunks(x, chunk_size) for x in (fq, fk, v1))  # (..., n, C, d)
+    above = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=fq.device).triu(1)
+    out = (qc @ kc.transpose(-2, -1)).masked_fill_(above, 0.0) @ vc  # intra: (..., n, C, d_v + 1)
+    S = fq.new_zeros(fq.shape[:-2] + (fq.shape[-1], vc.shape[-1]))   # (..., d_phi, d_v + 1)
+    for c in range(qc.shape[-3]):
+        out[..., c, :, :] += qc[..., c, :, :] @ S
+        S = S + kc[..., c, :, :].transpose(-2, -1) @ vc[..., c, :, :]
+    out = _from_chunks(out, length)
+    return out[..., :-1], out[..., -1]
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, feature_map="elu", causal: bool = False,
@@ -287,28 +292,35 @@ def _gla_parallel(q, k, v, log_g, state):
     return out, final
 
 
-_SUB_CHUNK = 8   # chunks longer than this compute their own part chunkwise too, in sub-chunks of this size
+_SUB_CHUNK = 8       # chunks longer than this may compute their own part chunkwise too, in sub-chunks of this size
+_SAFE_LOG_DECAY = 20.0   # a chunk whose total log decay stays above -this uses the factored form
 
 
 def _gla_chunk(q, k, v, log_g, state, chunk_size: int):
-    """Chunkwise form: log-space parallel inside each chunk, the state carried across chunks.
+    """Chunkwise form: the part inside each chunk, plus the state carried across chunks.
 
-    Cumulative sums restart in every chunk, so their size stays bounded by ``C * max|log_g|``.
-    Padding (zero keys, zero log gates) leaves the state unchanged. A chunk longer than
-    ``_SUB_CHUNK`` gets its own part from this same function (all chunks at once, from a zero state,
-    in sub-chunks), so the ``(C, C, d_k)`` log-space temporary is only ever ``_SUB_CHUNK`` wide.
+    Cumulative sums ``b`` restart in every chunk. Inside a chunk the decay from key ``j`` to query
+    ``i`` is ``exp(b_i - b_j) = exp(b_i) * exp(-b_j)``; when the chunk's total log decay is at least
+    ``-_SAFE_LOG_DECAY`` both factors stay within ``e^20`` of 1, so this factored form (two matrix
+    products) is exact up to rounding. Chunks with stronger decay instead get their part from this same
+    function (all chunks at once, from a zero state, in sub-chunks of ``_SUB_CHUNK``), down to the
+    log-space `_decay_scores`, so nothing ever overflows. Padding (zero keys, zero log gates) leaves the
+    state unchanged.
     """
     length = q.shape[-2]
     chunk_size = min(chunk_size, length)
     qc, kc, vc, gc = (_to_chunks(x, chunk_size) for x in (q, k, v, log_g))   # (..., n, C, d)
     b = gc.cumsum(-2)                                                # log decay from chunk start to i
-    if chunk_size > _SUB_CHUNK:
+    b_end = b[..., -1:, :]                                           # (..., n, 1, d_k): whole-chunk decay
+    q_in = qc * b.exp()                                              # query reads decayed from the chunk start
+    if bool((b_end >= -_SAFE_LOG_DECAY).all()):
+        above = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
+        intra = (q_in @ (kc * (-b).exp()).transpose(-2, -1)).masked_fill_(above, 0.0) @ vc
+    elif chunk_size > _SUB_CHUNK:
         zero = qc.new_zeros(qc.shape[:-2] + state.shape[-2:])       # (..., n, d_k, d_v)
         intra, _ = _gla_chunk(qc, kc, vc, gc, zero, _SUB_CHUNK)      # (..., n, C, d_v)
     else:
         intra = _decay_scores(qc, kc, gc) @ vc                       # (..., n, C, d_v)
-    b_end = b[..., -1:, :]                                           # (..., n, 1, d_k): whole-chunk decay
-    q_in = qc * b.exp()                                              # query reads the entering state decayed to i
     k_out = kc * (b_end - b).exp()                                   # key j decayed to the chunk end
     chunk_decay = b_end.transpose(-2, -1).exp()                      # (..., n, d_k, 1)
     entering = []
