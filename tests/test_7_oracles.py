@@ -1,15 +1,16 @@
 """Chapter 7 against independent, maintained implementations (test-only dependencies, pinned in
 requirements.txt; see shared/notes/oracles.md): `local-attention` for windowed attention,
 `reformer-pytorch` and Hugging Face's `LSHSelfAttention` for Reformer LSH attention, Hugging Face's
-`LongformerSelfAttention` for Longformer's window + global pattern, `routing-transformer` for balanced
-k-means routing attention (M7.2, M7.10, M7.13, M7.16).
+`LongformerSelfAttention` for Longformer's window + global pattern, `BigBirdBlockSparseAttention` for
+block-sparse attention with a BigBird layout, `routing-transformer` for balanced k-means routing attention
+(M7.2, M7.10, M7.11, M7.13, M7.16).
 All in fp32, so the fp32 tolerance of `assert_close`.
 """
 import pytest
 import torch
 
-from xfam_lib.sparse import (dense_masked_attention, longformer_mask, lsh_attention, routing_attention,
-                             sliding_window_attention)
+from xfam_lib.sparse import (block_sparse_attention, dense_masked_attention, longformer_mask, lsh_attention,
+                             routing_attention, sliding_window_attention)
 from xfam_lib.testing import assert_close
 
 local_attention = pytest.importorskip("local_attention")
@@ -121,3 +122,44 @@ def test_routing_attention_vs_routing_transformer_M7_16():
     top = (torch.nn.functional.normalize(q, dim=-1) @ mu[0].T).topk(w, dim=-2).indices        # (b, h, w, C)
     count = torch.zeros(b, h, t).scatter_add(-1, top.flatten(-2), torch.ones(b, h, w * n_c))
     assert_close(routing_attention(q, k, v, mu[0], w), theirs * ((count + 1e-5) / count.clamp(min=1)).unsqueeze(-1))
+
+
+def test_block_sparse_vs_hugging_face_bigbird_M7_11():
+    """HF BigBirdBlockSparseAttention (ITC: first and last block global, window ±1 block, r random blocks per
+    middle query block and head) against `block_sparse_attention` with the per-head layout it used. In eval
+    mode HF's random block ids are all 0 (block 0 then counts 1 + r times in a row's softmax), so the layer
+    runs in train mode, which seeds numpy with the layer's seed; the random ids are drawn again with HF's
+    own `_bigbird_block_rand_mask_with_head` after reseeding. The module has no dropout."""
+    import numpy as np
+    from transformers import BigBirdConfig
+    from transformers.models.big_bird.modeling_big_bird import BigBirdBlockSparseAttention, BigBirdModel
+
+    bs, nb, H, dh, r = 4, 16, 2, 4, 2
+    L = bs * nb
+    cfg = BigBirdConfig(hidden_size=H * dh, num_attention_heads=H, block_size=bs, num_random_blocks=r,
+                        attention_type="block_sparse", max_position_embeddings=L)
+    torch.manual_seed(0)
+    layer = BigBirdBlockSparseAttention(cfg, seed=3).train()
+    x = torch.randn(1, L, H * dh)
+    blocked, band, from_mask, to_mask = BigBirdModel.create_masks_for_block_sparse_attn(torch.ones(1, L), bs)
+    np_state = np.random.get_state()
+    with torch.no_grad():
+        theirs, _ = layer(x, band_mask=band, from_mask=from_mask, to_mask=to_mask, from_blocked_mask=blocked,
+                          to_blocked_mask=blocked)
+        np.random.seed(3)
+        plan, plan_r = layer._get_rand_attn_plan(L, bs, r)
+        rand = torch.as_tensor(np.stack(layer._bigbird_block_rand_mask_with_head(L, L, bs, bs, H, plan, plan_r))).long()
+    np.random.set_state(np_state)
+    blocks = torch.arange(nb)
+    layout = (blocks[:, None] - blocks[None, :]).abs() <= 1
+    layout[[0, -1], :] = True
+    layout[:, [0, -1]] = True
+    layout = layout.repeat(H, 1, 1)
+    for h in range(H):
+        for row in range(1, nb - 1):
+            assert not layout[h, row, rand[h, row - 1]].any()       # random blocks are new: no multiplicity
+            layout[h, row, rand[h, row - 1]] = True
+    heads = lambda lin: lin(x).view(1, L, H, dh).transpose(1, 2)
+    with torch.no_grad():
+        ours = block_sparse_attention(heads(layer.query), heads(layer.key), heads(layer.value), layout, bs)
+    assert_close(ours.transpose(1, 2).reshape(1, L, H * dh), theirs)

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-__all__ = ["STYLE", "use_style", "attention_heatmap", "heatmaps", "loss_curves", "shape_table", "module_tree",
+__all__ = ["STYLE", "use_style", "attention_heatmap", "plot_mask", "heatmaps", "loss_curves", "shape_table", "module_tree",
            "architecture_diagram"]
 
 STYLE = {
@@ -64,6 +64,24 @@ def attention_heatmap(weights, ax=None, *, title: str | None = None, xlabels: Se
         ax.set_title(title)
     if colorbar:
         ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    return fig if fig is not None else ax.figure
+
+
+def plot_mask(mask, ax=None, *, title: str | None = None):
+    """Draw a boolean ``(Lq, Lk)`` attention mask (dark = may attend) with its density, the fraction of
+    allowed pairs, in the title (M7.1). Returns the Figure."""
+    m = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+    if m.ndim != 2 or m.dtype != bool:
+        raise ValueError(f"mask must be a boolean 2-D (Lq, Lk) array, got shape {m.shape} and dtype {m.dtype}")
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(3.0, 3.0))
+    ax.imshow(m, cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
+    ax.grid(False)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    density = f"density {m.mean():.3f}"
+    ax.set_title(f"{title}\n{density}" if title else density, fontsize=9)
     return fig if fig is not None else ax.figure
 
 

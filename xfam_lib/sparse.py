@@ -77,6 +77,9 @@ __all__ = [
     "dca_position_matrix",
     "dca_attention",
     "dca_attention_reference",
+    "GALLERY",
+    "pattern_mask",
+    "masked_attention_flops",
 ]
 
 
@@ -1188,3 +1191,59 @@ def dca_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
         rows.append((apply_rope(q_i, rel[i].clamp(min=0), base=base) * k).sum(-1) * scale)
     scores = torch.stack(rows, dim=-2)
     return torch.softmax(scores.masked_fill(rel < 0, float("-inf")), dim=-1) @ v
+
+
+# ----------------------------------------------------------------------------- the gallery (M7.1)
+GALLERY = ("sliding window", "dilated", "strided", "fixed", "blockwise", "Image 1-D local", "Longformer",
+           "BigBird", "sinks + window", "LSH buckets", "routing clusters")
+
+
+def pattern_mask(name: str, L: int, size: int, *, seed: int = 0) -> torch.Tensor:
+    """One pattern of `GALLERY` as a boolean ``(L, L)`` mask, with one width knob ``size`` (M7.1).
+
+    ``size`` is the window (sliding window, Longformer, sinks), the dilated window (dilation 2), the
+    stride (strided, fixed with ``c = 1``), the block length (blockwise with identity permutation,
+    Image 1-D local with memory ``size``, BigBird: window ±1 block, one global and one random block),
+    or the number of buckets / clusters (LSH, routing: same-bucket / same-cluster pairs of ``L`` random
+    shared query-key vectors, ``d = 16``, seeded). Blockwise and BigBird need ``L % size == 0``.
+    """
+    _check_part(name, GALLERY)
+    L, size = check_positive_int("L", L), check_positive_int("size", size)
+    if name in ("blockwise", "BigBird") and L % size:
+        raise ValueError(f"{name} needs L % size == 0 (size is the block length), got L={L}, size={size}")
+    if name == "sliding window":
+        return sliding_window_mask(L, size, causal=True)
+    if name == "dilated":
+        return dilated_mask(L, size, 2, causal=True)
+    if name == "strided":
+        return strided_mask(L, size)
+    if name == "fixed":
+        return fixed_mask(L, size, 1)
+    if name == "blockwise":
+        return blockwise_mask(L, L // size)
+    if name == "Image 1-D local":
+        return local1d_mask(L, size, size)
+    if name == "Longformer":
+        return longformer_mask(L, size, 1, [0])
+    if name == "BigBird":
+        return expand_layout(bigbird_layout(L // size, 1, 1, 1, seed), size)
+    if name == "sinks + window":
+        return sink_window_mask(L, 1, size)
+    x = torch.randn(L, 16, generator=torch.Generator().manual_seed(int(seed)))
+    if name == "LSH buckets":
+        n_buckets = size + size % 2                                     # lsh_hash needs an even count
+        ids = lsh_hash(x, n_buckets, 1, seed)[0]
+    else:
+        ids = routing_assign(x, torch.randn(size, 16, generator=torch.Generator().manual_seed(int(seed) + 1)))
+    return ids[:, None] == ids[None, :]
+
+
+def masked_attention_flops(mask: torch.Tensor, d_k: int, d_v: int | None = None) -> int:
+    """FLOPs of attention computed only on the allowed pairs of ``mask``: ``2 nnz (d_k + d_v)`` (M7.1).
+
+    Each allowed pair costs one ``d_k`` dot product for the score and one ``d_v`` multiply-add for the
+    output (2 FLOPs per multiply-add, as `bench.attention_flops`, which is the full mask's value).
+    """
+    d_k = check_positive_int("d_k", d_k)
+    d_v = d_k if d_v is None else check_positive_int("d_v", d_v)
+    return 2 * nnz(mask) * (d_k + d_v)
