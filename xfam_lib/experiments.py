@@ -19,13 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .adaptive import AdaptiveSpanAttention, act_halting
-from .attention import scaled_dot_product_attention
-from .linear import linear_attention
 from .memory import TransformerXL
 from .positional import sinusoidal_encoding
-from .ssm import H3Layer, MambaBlock, S4DLayer
-from .tasks import PAD, LaggedTopicLanguage, delayed_copy, mqar, parity_task
-from .tasks import induction_heads, selective_copying
+from .tasks import PAD, LaggedTopicLanguage, delayed_copy, parity_task
 from .train import cross_entropy, train_loop
 from .transformer import TransformerLM
 
@@ -284,83 +280,6 @@ def activation_memory(depths: Sequence[int] = (1, 2, 4, 8, 16), *, d: int = 64, 
     return out
 
 
-# ----------------------------------------------------------------------------- Chapter 8 (M8.11, M11.2)
-class RecallNet(nn.Module):
-    """A small causal sequence model whose token mixer is softmax or linear attention, for recall tasks.
-
-    ``forward(ids (B, L)) -> logits (B, L, vocab)``. Embeddings plus learned positions, then a width-2
-    causal token shift (each position also sees the previous token, as the short convolutions of
-    Zoology's models do, so a key can be bound to the value after it in one layer), then ``n_layers``
-    pre-norm blocks of ``mixer`` and an MLP. ``mixer="softmax"``: `scaled_dot_product_attention`
-    (causal); ``"linear"``: `linear_attention` (elu+1, causal, chunk mode), whose state is one
-    ``d_head x d_head`` matrix per head whatever the length.
-    """
-
-    MIXERS = ("softmax", "linear")
-
-    def __init__(self, vocab: int, d_model: int = 64, n_heads: int = 2, n_layers: int = 2, *, mixer: str = "softmax",
-                 max_len: int = 512):
-        super().__init__()
-        if mixer not in self.MIXERS:
-            raise ValueError(f"mixer must be one of {self.MIXERS}, got {mixer!r}")
-        if d_model % n_heads:
-            raise ValueError(f"d_model must be a multiple of n_heads, got d_model={d_model}, n_heads={n_heads}")
-        self.mixer, self.n_heads = mixer, n_heads
-        self.embed = nn.Embedding(vocab, d_model)
-        self.pos = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
-        self.shift = nn.Linear(2 * d_model, d_model)
-        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(2 * n_layers))
-        self.qkv = nn.ModuleList(nn.Linear(d_model, 3 * d_model) for _ in range(n_layers))
-        self.out = nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(n_layers))
-        self.mlp = nn.ModuleList(nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, d_model))
-                                 for _ in range(n_layers))
-        self.head = nn.Linear(d_model, vocab)
-
-    def _mix(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        B, L, D = x.shape
-        q, k, v = self.qkv[i](x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        if self.mixer == "softmax":
-            y = scaled_dot_product_attention(q, k, v, causal=True)
-        else:
-            y = linear_attention(q, k, v, feature_map="elu", causal=True, mode="chunk", chunk_size=32)
-        return self.out[i](y.transpose(1, 2).reshape(B, L, D))
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids) + self.pos[: ids.shape[1]]
-        prev = F.pad(x, (0, 0, 1, 0))[:, :-1]                          # the previous token's embedding
-        x = self.shift(torch.cat([x, prev], dim=-1))
-        for i in range(len(self.qkv)):
-            x = x + self._mix(i, self.norms[2 * i](x))
-            x = x + self.mlp[i](self.norms[2 * i + 1](x))
-        return self.head(x)
-
-
-def train_recall(mixer: str, n_pairs: int, *, seed: int = 0, steps: int = 600, vocab: int | None = None,
-                 d_model: int = 64, n_heads: int = 2, n_layers: int = 2, batch: int = 32, lr: float = 3e-3,
-                 eval_batch: int = 256, device: torch.device | str = "cpu") -> tuple[float, list[float]]:
-    """Train a `RecallNet` with ``mixer`` on `mqar` with ``n_pairs`` pairs; return (test accuracy, loss per step).
-
-    Every query of the sequence is a prediction (loss and accuracy over the query positions only).
-    ``vocab`` defaults to ``4 n_pairs + 2``: ``2 n_pairs`` key tokens (each sequence uses half of them) and
-    ``2 n_pairs`` value tokens. Accuracy is measured on fresh sequences (seed ``10_000 + seed``).
-    """
-    vocab = vocab or 4 * n_pairs + 2
-    torch.manual_seed(seed)
-    model = RecallNet(vocab, d_model, n_heads, n_layers, mixer=mixer, max_len=3 * n_pairs).to(device)
-    gen = torch.Generator().manual_seed(seed)
-
-    def loss_fn(m, step):
-        ids, targets = mqar(batch, n_pairs, vocab, generator=gen, device=device)
-        return cross_entropy(m(ids), targets, ignore_index=PAD)
-
-    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10, progress=False)
-    ids, targets = mqar(eval_batch, n_pairs, vocab, generator=torch.Generator().manual_seed(10_000 + seed), device=device)
-    with torch.no_grad():
-        pred = model(ids).argmax(-1)
-    keep = targets != PAD
-    return ((pred == targets) & keep).sum().item() / keep.sum().item(), losses
-
-
 
 def attention_by_distance(model: nn.Module, ids: torch.Tensor) -> dict:
     """Mean causal attention weight by relative position ``i - j`` (M7.18), averaged over every
@@ -403,93 +322,3 @@ def train_sink_lm(*, seed: int = 0, steps: int = 300, length: int = 64, lag: int
             "config": dict(seed=seed, steps=steps, length=length, lag=lag, vocab=vocab, d_model=d_model,
                            n_layers=n_layers, n_heads=n_heads, batch=batch, lr=lr)}
 
-
-# ----------------------------------------------------------------------------- chapter 9: LTI vs selective SSMs (M11.3, M11.4)
-_SSM_KINDS = ("s4d", "h3", "mamba")
-
-
-class SSMLM(nn.Module):
-    """A small token model of one SSM kind: embedding, ``n_layers`` pre-norm residual SSM layers, read-out.
-
-    ``kind``: ``"s4d"`` (`S4DLayer`, time-invariant), ``"h3"`` (`H3Layer`, time-invariant kernels with
-    multiplicative gates) or ``"mamba"`` (`MambaBlock`, selective). ``ids (B, L)`` → logits ``(B, L, vocab)``.
-    The Mamba layers run the chunked scan with chunks of about ``sqrt(L)``.
-    """
-
-    def __init__(self, kind: str, vocab: int, d_model: int = 16, n_layers: int = 2, d_state: int = 8):
-        super().__init__()
-        if kind not in _SSM_KINDS:
-            raise ValueError(f"SSMLM: kind must be one of {_SSM_KINDS}, got {kind!r}")
-        make = {"s4d": lambda: S4DLayer(d_model, d_state), "h3": lambda: H3Layer(d_model, d_state),
-                "mamba": lambda: MambaBlock(d_model, d_state)}[kind]
-        self.kind = kind
-        self.embed = nn.Embedding(vocab, d_model)
-        self.norms = nn.ModuleList([nn.LayerNorm(d_model) for _ in range(n_layers)])
-        self.layers = nn.ModuleList([make() for _ in range(n_layers)])
-        self.norm_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.embed(ids)
-        chunk = max(4, int(ids.shape[1] ** 0.5))
-        for norm, layer in zip(self.norms, self.layers):
-            x = norm(h)
-            h = h + (layer(x, chunk_size=chunk) if self.kind == "mamba" else layer(x))
-        return self.head(self.norm_f(h))
-
-
-def _train_ssm_lm(kind, sample, *, vocab, d_model, n_layers, d_state, steps, lr, seed, device):
-    """Train an `SSMLM` on batches ``sample(step) -> (inputs, targets)`` (``PAD`` targets ignored)."""
-    torch.manual_seed(seed)
-    model = SSMLM(kind, vocab, d_model, n_layers, d_state).to(device)
-
-    def loss_fn(m, step):
-        inputs, targets = sample(step)
-        return cross_entropy(m(inputs), targets, ignore_index=PAD)
-
-    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10, progress=False, desc=kind)
-    return model.eval(), losses
-
-
-def _masked_accuracy(model, inputs, targets) -> float:
-    with torch.no_grad():
-        pred = model(inputs).argmax(-1)
-    keep = targets != PAD
-    return float(((pred == targets) & keep).sum() / keep.sum())
-
-
-def selective_copying_run(kind: str, *, length: int = 16, n_tokens: int = 4, vocab: int = 10, d_model: int = 16,
-                          n_layers: int = 2, d_state: int = 8, steps: int = 200, batch: int = 16, lr: float = 5e-3,
-                          seed: int = 0, eval_batch: int = 256, device: torch.device | str = "cpu") -> dict:
-    """Train an `SSMLM` of ``kind`` on `selective_copying` (Gu & Dao 2023, Table 1; M11.3).
-
-    Fresh batches each step (generator seeded by ``seed``); the loss and the accuracy count only the
-    ``n_tokens`` answer positions. Returns ``{"accuracy": float on eval_batch fresh sequences (seed
-    10_000 + seed), "losses": [per step], "chance": 1 / (vocab - 2)}``.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    sample = lambda step: selective_copying(batch, length, n_tokens, vocab, generator=gen, device=device)
-    model, losses = _train_ssm_lm(kind, sample, vocab=vocab, d_model=d_model, n_layers=n_layers, d_state=d_state,
-                                  steps=steps, lr=lr, seed=seed, device=device)
-    test = selective_copying(eval_batch, length, n_tokens, vocab, generator=torch.Generator().manual_seed(10_000 + seed),
-                             device=device)
-    return {"accuracy": _masked_accuracy(model, *test), "losses": losses, "chance": 1 / (vocab - 2)}
-
-
-def induction_heads_run(kind: str, *, train_len: int = 32, test_lens: Sequence[int] = (32, 64, 128, 256),
-                        vocab: int = 10, d_model: int = 16, n_layers: int = 2, d_state: int = 8, steps: int = 300,
-                        batch: int = 32, lr: float = 5e-3, seed: int = 0, eval_batch: int = 256,
-                        device: torch.device | str = "cpu") -> dict:
-    """Train an `SSMLM` on `induction_heads` at ``train_len``; test at every length of ``test_lens`` (M11.4).
-
-    The length generalisation of Gu & Dao 2023, Table 2. Returns ``{"accuracy": {L: float}, "losses":
-    [per step], "chance": 1 / (vocab - 2)}``; test sequences use the generator seed ``10_000 + seed``.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    sample = lambda step: induction_heads(batch, train_len, vocab, generator=gen, device=device)
-    model, losses = _train_ssm_lm(kind, sample, vocab=vocab, d_model=d_model, n_layers=n_layers, d_state=d_state,
-                                  steps=steps, lr=lr, seed=seed, device=device)
-    test_gen = torch.Generator().manual_seed(10_000 + seed)
-    acc = {int(L): _masked_accuracy(model, *induction_heads(eval_batch, L, vocab, generator=test_gen, device=device))
-           for L in test_lens}
-    return {"accuracy": acc, "losses": losses, "chance": 1 / (vocab - 2)}
