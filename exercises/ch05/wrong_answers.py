@@ -102,6 +102,95 @@ def mix_unnormalised(p_lm, p_knn, lam):
     return lam * p_knn + p_lm                                      # forgets 1 - lam
 
 
+# ----------------------------------------------------------------------------- q4a: titans_write
+def _titans(M, S, k, v, lr, momentum, decay, *, factor=2.0, transpose=False, sign=-1.0, use_momentum=True,
+            decay_all=False):
+    err = k @ M - v
+    grad = factor * (torch.outer(err, k) if transpose else torch.outer(k, err))
+    S_new = (momentum * S if use_momentum else 0.0) + sign * lr * grad
+    return ((1.0 - decay) * (M + S_new) if decay_all else (1.0 - decay) * M + S_new), S_new
+
+
+def titans_no_factor_two(M, S, k, v, lr, momentum, decay):
+    return _titans(M, S, k, v, lr, momentum, decay, factor=1.0)          # the gradient of |kM - v|^2 / 2
+
+
+def titans_transposed(M, S, k, v, lr, momentum, decay):
+    return _titans(M, S, k, v, lr, momentum, decay, transpose=True)      # (kM - v)^T k: the column convention
+
+
+def titans_ascent(M, S, k, v, lr, momentum, decay):
+    return _titans(M, S, k, v, lr, momentum, decay, sign=1.0)            # climbs the loss
+
+
+def titans_no_momentum(M, S, k, v, lr, momentum, decay):
+    return _titans(M, S, k, v, lr, momentum, decay, use_momentum=False)  # drops eta S
+
+
+def titans_forgets_update(M, S, k, v, lr, momentum, decay):
+    return _titans(M, S, k, v, lr, momentum, decay, decay_all=True)      # (1 - alpha)(M + S'): forgets the new step too
+
+
+# ----------------------------------------------------------------------------- q4b: hebbian_reads
+def _hebbian(q, k, v, *, read_first=False, normalise=False, causal=True):
+    M = torch.zeros(k.shape[1], v.shape[1], dtype=k.dtype)
+    z = torch.zeros(k.shape[1], dtype=k.dtype)
+    total = k.T @ v
+    reads = []
+    for t in range(k.shape[0]):
+        if read_first:
+            reads.append(q[t] @ M)
+        M, z = M + torch.outer(k[t], v[t]), z + k[t]
+        if not read_first:
+            state = M if causal else total
+            reads.append(q[t] @ state / (q[t] @ z if normalise else 1.0))
+    return torch.stack(reads)
+
+
+def hebbian_reads_before_write(q, k, v):
+    return _hebbian(q, k, v, read_first=True)                            # o_t = q_t M_{t-1}
+
+
+def hebbian_normalised(q, k, v):
+    return _hebbian(q, k, v, normalise=True)                             # divides by q_t . sum k_s
+
+
+def hebbian_not_causal(q, k, v):
+    return _hebbian(q, k, v, causal=False)                               # reads the final state: sees the future
+
+
+# ----------------------------------------------------------------------------- q5a: xl_mask
+def _mask(seg_len, mem_len, window=None, *, top_left=False, self_too=True, window_extra=0, inverted=False,
+          as_float=False):
+    pos = torch.arange(seg_len).unsqueeze(1) + (0 if top_left else mem_len)
+    j = torch.arange(mem_len + seg_len)
+    allowed = j <= pos if self_too else j < pos
+    if window is not None:
+        allowed &= pos - j <= window + window_extra
+    allowed = ~allowed if inverted else allowed
+    return allowed.float() if as_float else allowed
+
+
+def mask_top_left(seg_len, mem_len, window=None):
+    return _mask(seg_len, mem_len, window, top_left=True)                # query i at position i: ignores the memory
+
+
+def mask_excludes_self(seg_len, mem_len, window=None):
+    return _mask(seg_len, mem_len, window, self_too=False)
+
+
+def mask_window_too_wide(seg_len, mem_len, window=None):
+    return _mask(seg_len, mem_len, window, window_extra=1)               # w + 2 keys
+
+
+def mask_inverted(seg_len, mem_len, window=None):
+    return _mask(seg_len, mem_len, window, inverted=True)                # True = masked out
+
+
+def mask_float(seg_len, mem_len, window=None):
+    return _mask(seg_len, mem_len, window, as_float=True)                # 0/1 floats, not booleans
+
+
 WRONG_ANSWERS = {
     "q1a": {
         "wrong_shape": ({"xl_memory_update": xl_one_row_too_many}, "shape"),
@@ -123,5 +212,24 @@ WRONG_ANSWERS = {
     "q3b": {
         "off_by_one": ({"knn_lm_mix": mix_swapped}, "max abs error"),
         "unnormalised": ({"knn_lm_mix": mix_unnormalised}, "max abs error"),
+    },
+    "q4a": {
+        "off_by_one": ({"titans_write": titans_no_factor_two}, "max abs error"),
+        "transposed": ({"titans_write": titans_transposed}, "max abs error"),
+        "ascent": ({"titans_write": titans_ascent}, "max abs error"),
+        "no_momentum": ({"titans_write": titans_no_momentum}, "S_new"),
+        "forgets_update": ({"titans_write": titans_forgets_update}, "M_new"),
+    },
+    "q4b": {
+        "off_by_one": ({"hebbian_reads": hebbian_reads_before_write}, "max abs error"),
+        "normalised": ({"hebbian_reads": hebbian_normalised}, "max abs error"),
+        "not_causal": ({"hebbian_reads": hebbian_not_causal}, "max abs error"),
+    },
+    "q5a": {
+        "off_by_one": ({"xl_mask": mask_excludes_self}, "got False, expected True"),
+        "top_left": ({"xl_mask": mask_top_left}, "got False, expected True"),
+        "window_too_wide": ({"xl_mask": mask_window_too_wide}, "got True, expected False"),
+        "inverted": ({"xl_mask": mask_inverted}, "entries differ"),
+        "float_mask": ({"xl_mask": mask_float}, "dtype"),
     },
 }
