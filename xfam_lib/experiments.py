@@ -21,7 +21,9 @@ from torch import nn
 from .adaptive import AdaptiveSpanAttention, act_halting
 from .memory import TransformerXL
 from .positional import sinusoidal_encoding
+from .ssm import H3Layer, MambaBlock, S4DLayer
 from .tasks import PAD, LaggedTopicLanguage, delayed_copy, parity_task
+from .tasks import induction_heads, selective_copying
 from .train import cross_entropy, train_loop
 from .transformer import TransformerLM
 
@@ -322,3 +324,93 @@ def train_sink_lm(*, seed: int = 0, steps: int = 300, length: int = 64, lag: int
             "config": dict(seed=seed, steps=steps, length=length, lag=lag, vocab=vocab, d_model=d_model,
                            n_layers=n_layers, n_heads=n_heads, batch=batch, lr=lr)}
 
+
+# ----------------------------------------------------------------------------- chapter 9: LTI vs selective SSMs (M11.3, M11.4)
+_SSM_KINDS = ("s4d", "h3", "mamba")
+
+
+class SSMLM(nn.Module):
+    """A small token model of one SSM kind: embedding, ``n_layers`` pre-norm residual SSM layers, read-out.
+
+    ``kind``: ``"s4d"`` (`S4DLayer`, time-invariant), ``"h3"`` (`H3Layer`, time-invariant kernels with
+    multiplicative gates) or ``"mamba"`` (`MambaBlock`, selective). ``ids (B, L)`` → logits ``(B, L, vocab)``.
+    The Mamba layers run the chunked scan with chunks of about ``sqrt(L)``.
+    """
+
+    def __init__(self, kind: str, vocab: int, d_model: int = 16, n_layers: int = 2, d_state: int = 8):
+        super().__init__()
+        if kind not in _SSM_KINDS:
+            raise ValueError(f"SSMLM: kind must be one of {_SSM_KINDS}, got {kind!r}")
+        make = {"s4d": lambda: S4DLayer(d_model, d_state), "h3": lambda: H3Layer(d_model, d_state),
+                "mamba": lambda: MambaBlock(d_model, d_state)}[kind]
+        self.kind = kind
+        self.embed = nn.Embedding(vocab, d_model)
+        self.norms = nn.ModuleList([nn.LayerNorm(d_model) for _ in range(n_layers)])
+        self.layers = nn.ModuleList([make() for _ in range(n_layers)])
+        self.norm_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        chunk = max(4, int(ids.shape[1] ** 0.5))
+        for norm, layer in zip(self.norms, self.layers):
+            x = norm(h)
+            h = h + (layer(x, chunk_size=chunk) if self.kind == "mamba" else layer(x))
+        return self.head(self.norm_f(h))
+
+
+def _train_ssm_lm(kind, sample, *, vocab, d_model, n_layers, d_state, steps, lr, seed, device):
+    """Train an `SSMLM` on batches ``sample(step) -> (inputs, targets)`` (``PAD`` targets ignored)."""
+    torch.manual_seed(seed)
+    model = SSMLM(kind, vocab, d_model, n_layers, d_state).to(device)
+
+    def loss_fn(m, step):
+        inputs, targets = sample(step)
+        return cross_entropy(m(inputs), targets, ignore_index=PAD)
+
+    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10, progress=False, desc=kind)
+    return model.eval(), losses
+
+
+def _masked_accuracy(model, inputs, targets) -> float:
+    with torch.no_grad():
+        pred = model(inputs).argmax(-1)
+    keep = targets != PAD
+    return float(((pred == targets) & keep).sum() / keep.sum())
+
+
+def selective_copying_run(kind: str, *, length: int = 16, n_tokens: int = 4, vocab: int = 10, d_model: int = 16,
+                          n_layers: int = 2, d_state: int = 8, steps: int = 200, batch: int = 16, lr: float = 5e-3,
+                          seed: int = 0, eval_batch: int = 256, device: torch.device | str = "cpu") -> dict:
+    """Train an `SSMLM` of ``kind`` on `selective_copying` (Gu & Dao 2023, Table 1; M11.3).
+
+    Fresh batches each step (generator seeded by ``seed``); the loss and the accuracy count only the
+    ``n_tokens`` answer positions. Returns ``{"accuracy": float on eval_batch fresh sequences (seed
+    10_000 + seed), "losses": [per step], "chance": 1 / (vocab - 2)}``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    sample = lambda step: selective_copying(batch, length, n_tokens, vocab, generator=gen, device=device)
+    model, losses = _train_ssm_lm(kind, sample, vocab=vocab, d_model=d_model, n_layers=n_layers, d_state=d_state,
+                                  steps=steps, lr=lr, seed=seed, device=device)
+    test = selective_copying(eval_batch, length, n_tokens, vocab, generator=torch.Generator().manual_seed(10_000 + seed),
+                             device=device)
+    return {"accuracy": _masked_accuracy(model, *test), "losses": losses, "chance": 1 / (vocab - 2)}
+
+
+def induction_heads_run(kind: str, *, train_len: int = 32, test_lens: Sequence[int] = (32, 64, 128, 256),
+                        vocab: int = 10, d_model: int = 16, n_layers: int = 2, d_state: int = 8, steps: int = 300,
+                        batch: int = 32, lr: float = 5e-3, seed: int = 0, eval_batch: int = 256,
+                        device: torch.device | str = "cpu") -> dict:
+    """Train an `SSMLM` on `induction_heads` at ``train_len``; test at every length of ``test_lens`` (M11.4).
+
+    The length generalisation of Gu & Dao 2023, Table 2. Returns ``{"accuracy": {L: float}, "losses":
+    [per step], "chance": 1 / (vocab - 2)}``; test sequences use the generator seed ``10_000 + seed``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    sample = lambda step: induction_heads(batch, train_len, vocab, generator=gen, device=device)
+    model, losses = _train_ssm_lm(kind, sample, vocab=vocab, d_model=d_model, n_layers=n_layers, d_state=d_state,
+                                  steps=steps, lr=lr, seed=seed, device=device)
+    test_gen = torch.Generator().manual_seed(10_000 + seed)
+    acc = {int(L): _masked_accuracy(model, *induction_heads(eval_batch, L, vocab, generator=test_gen, device=device))
+           for L in test_lens}
+    return {"accuracy": acc, "losses": losses, "chance": 1 / (vocab - 2)}

@@ -248,3 +248,52 @@ def parity_task(batch: int, n_bits: int, *, min_nonzero: int = 1, generator: tor
     x = (signs * chosen).float()
     target = (x == 1).sum(-1) % 2
     return x.to(device), target.to(device), k.to(device)
+
+
+# ----------------------------------------------------------------------------- Chapter 9 tasks (M11.3, M11.4)
+__all__ += ["selective_copying", "induction_heads"]
+
+
+def selective_copying(batch: int, length: int, n_tokens: int, vocab: int, *,
+                      generator: torch.Generator | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Selective copying (Gu & Dao 2023, M11.3): ``inputs, targets (batch, length + n_tokens)``.
+
+    The first ``length`` positions hold ``n_tokens`` random data tokens (``2 .. vocab-1``) at random,
+    sorted positions and ``PAD`` (the noise/blank token) everywhere else; the last ``n_tokens``
+    positions are ``BOS`` markers. ``targets`` is ``PAD`` (ignored) except at the markers, where it
+    is the data tokens in order. Where the data sit varies from row to row, so no fixed
+    (time-invariant) kernel can pick them out; chance accuracy is ``1 / (vocab - N_SPECIAL)``.
+    """
+    check_positive_int("n_tokens", n_tokens)
+    check_positive_int("length", length)
+    if n_tokens > length:
+        raise ValueError(f"n_tokens={n_tokens} data tokens do not fit in length={length} positions")
+    data = _tokens(batch, n_tokens, vocab, generator, device)
+    where = torch.rand(batch, length, generator=generator).argsort(-1)[:, :n_tokens].sort(-1).values.to(device)
+    inputs = torch.full((batch, length + n_tokens), PAD, dtype=torch.long, device=data.device)
+    inputs.scatter_(1, where, data)
+    inputs[:, length:] = BOS
+    targets = torch.full_like(inputs, PAD)
+    targets[:, length:] = data
+    return inputs, targets
+
+
+def induction_heads(batch: int, length: int, vocab: int, *, generator: torch.Generator | None = None,
+                    device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Induction heads (Olsson et al. 2022; Gu & Dao 2023, Table 2; M11.4): ``inputs, targets (batch, length)``.
+
+    Random data tokens (``2 .. vocab-1``) with the trigger ``BOS`` once at a random position ``p`` in
+    ``0 .. length-3`` and again at the last position; the answer is the token after the first trigger,
+    ``inputs[p + 1]``. ``targets`` is ``PAD`` (ignored) except at the last position, which holds the
+    answer: the model must recall "what followed the trigger last time". Chance is ``1 / (vocab - N_SPECIAL)``.
+    """
+    check_positive_int("length", length)
+    if length < 3:
+        raise ValueError(f"induction_heads: length must be >= 3 (trigger, answer, trigger), got {length}")
+    inputs = _tokens(batch, length, vocab, generator, device)
+    where = torch.randint(0, length - 2, (batch, 1), generator=generator).to(inputs.device)
+    inputs.scatter_(1, where, BOS)
+    inputs[:, -1] = BOS
+    targets = torch.full_like(inputs, PAD)
+    targets[:, -1] = inputs.gather(1, where + 1)[:, 0]
+    return inputs, targets
