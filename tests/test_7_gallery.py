@@ -95,3 +95,21 @@ def test_attention_by_distance_M7_18():
     assert r["by_distance"][3] == pytest.approx(float(w[rows, rows - 3].mean()))
     assert r["first_token"] == pytest.approx(float(w[rows, 0].mean()))
     assert r["first_token_max_head"] >= r["first_token"]
+
+
+@pytest.mark.parametrize("kernel", ["sliding", "longformer", "block_sparse", "lsh"])
+def test_sparse_kernels_run_under_bf16_autocast_M7_7(kernel):
+    """Under torch.autocast(bfloat16) the band's scores are bf16: the off-band fill value must fit bf16
+    (it used float32's lowest value and raised). Results stay within bf16 rounding of fp32, in fp32."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 96, 16) for _ in range(3))
+    fn = {"sliding": lambda: sparse.sliding_window_attention(q, k, v, 8, causal=True),
+          "longformer": lambda: sparse.longformer_attention(q, k, v, 8, [0, 50]),
+          "block_sparse": lambda: sparse.block_sparse_attention(q, k, v, sparse.bigbird_layout(6, 1, 1, 1, 0), 16),
+          "lsh": lambda: sparse.lsh_attention(q, v, 4, 16, 2)}[kernel]
+    ref = fn()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fn()
+    assert out.dtype == torch.float32
+    err = (out - ref).abs().max().item()
+    assert 0 < err < 0.05                                      # bf16 matmuls: 8-bit mantissa, O(1) values

@@ -355,12 +355,12 @@ def _sliding_window(q, k, v, window: int, causal: bool, scale: float, chunk: int
 
     k_bands, v_bands = bands(k), bands(v)
     outside, padding = _band_masks(length, n_chunks, chunk, w, causal, q.device)
-    lowest = torch.finfo(q.dtype).min
     group = max(1, 1024 // chunk)
     outs, lses = [], []
     for g in range(0, n_chunks, group):
         part = slice(g, g + group)
         scores = torch.matmul(q_chunks[..., part, :, :], k_bands[..., part, :, :].transpose(-2, -1))
+        lowest = torch.finfo(scores.dtype).min                                           # bf16 under autocast
         scores.masked_fill_(outside, lowest)                                             # (..., G, bs, width)
         if padding[part].any():                                                          # edge chunks only
             scores.masked_fill_(padding[part], lowest)
