@@ -1,8 +1,8 @@
-"""Chapter 6 synthetic tasks: Graves's parity vectors (M6.3)."""
+"""Chapter 6 synthetic tasks: Graves's parity vectors and a permutation applied k times (M6.3)."""
 import pytest
 import torch
 
-from xfam_lib.tasks import parity_task
+from xfam_lib.tasks import cyclic_permutation, parity_task, permutation_steps
 
 
 def test_parity_task_counts_plus_ones_and_reports_difficulty_M6_3():
@@ -25,3 +25,25 @@ def test_parity_task_is_reproducible_and_validates():
         parity_task(8, 6, min_nonzero=7)
     with pytest.raises(TypeError, match="n_bits"):
         parity_task(8, 6.0)
+
+
+def test_cyclic_permutation_is_one_cycle_M6_3():
+    perm = cyclic_permutation(9, seed=4)
+    seen, item = [], 0
+    for _ in range(9):                                   # follow the cycle from item 0
+        seen.append(item)
+        item = perm[item].item()
+    assert item == 0 and sorted(seen) == list(range(9))  # back at the start after exactly 9 moves, all visited
+    assert torch.equal(perm, cyclic_permutation(9, seed=4))
+
+
+def test_permutation_steps_applies_perm_k_times_M6_3():
+    perm = cyclic_permutation(7, seed=1)
+    start, k, target = permutation_steps(500, perm, 5, generator=torch.Generator().manual_seed(0))
+    assert k.min().item() == 1 and k.max().item() == 5
+    for s, kk, t in zip(start.tolist(), k.tolist(), target.tolist()):
+        for _ in range(kk):
+            s = perm[s].item()
+        assert s == t
+    with pytest.raises(ValueError, match="perm"):
+        permutation_steps(4, torch.tensor([0, 0, 1]), 2)

@@ -6,7 +6,8 @@ trained at one length and evaluated at multiples of it.
 `xl_delayed_copy` (chapter 5, M5.1): Transformer-XL models that differ only in memory length, trained
 to copy the token read ``delay`` steps back while reading a stream one segment at a time.
 
-`train_parity` (chapter 6, M6.3): a GRU cell with an ACT halting unit (`ParityACT`) on Graves's parity.
+`train_parity` (chapter 6, M6.3): a GRU cell with an ACT halting unit (`ParityACT`) on Graves's parity;
+`train_permutation_act` (M6.3): the same idea (`PermutationACT`) on applying a permutation k times.
 `train_spans` (chapter 6, M6.4): a small decoder of adaptive-span attention layers (`SpanLM`) on a
 lagged-topic language, returning the learned spans per head.
 """
@@ -22,7 +23,7 @@ from .adaptive import AdaptiveSpanAttention, act_halting
 from .memory import TransformerXL
 from .positional import sinusoidal_encoding
 from .ssm import H3Layer, MambaBlock, S4DLayer
-from .tasks import PAD, LaggedTopicLanguage, delayed_copy, parity_task
+from .tasks import PAD, LaggedTopicLanguage, cyclic_permutation, delayed_copy, parity_task, permutation_steps
 from .tasks import induction_heads, selective_copying
 from .train import cross_entropy, train_loop
 from .transformer import TransformerLM
@@ -166,6 +167,63 @@ def train_parity(n_bits: int = 8, hidden: int = 128, max_steps: int = 12, tau: f
     return {"ponder": [ponder[m].mean().item() for m in per.values()],
             "n_updates": [n_upd[m].mean().item() for m in per.values()],
             "accuracy": [correct[m].mean().item() for m in per.values()]}
+
+
+class PermutationACT(nn.Module):
+    """ACT on `tasks.permutation_steps`. ``forward(start (B,), k (B,)) -> (logits (B, n_items), ponder (B,), N (B,))``.
+
+    A GRU cell reads the start item (one-hot) at the first step only and zeros afterwards, so its
+    state after step ``n`` depends on the start alone: to answer it must carry the item and apply the
+    permutation step by step. The halting unit sees the state and ``k`` (one-hot), so ACT can learn
+    *when* to stop; nothing tells it to stop at step ``k``.
+    """
+
+    def __init__(self, n_items: int, max_k: int, hidden: int, max_steps: int, threshold: float = 0.99):
+        super().__init__()
+        self.cell = nn.GRUCell(n_items, hidden)
+        self.halt = nn.Linear(hidden + max_k, 1)
+        nn.init.constant_(self.halt.bias, 1.0)          # Graves's initial bias, as in `ParityACT`
+        self.out = nn.Linear(hidden, n_items)
+        self.n_items, self.max_k, self.hidden = n_items, max_k, hidden
+        self.max_steps, self.threshold = max_steps, threshold
+
+    def forward(self, start, k):
+        dtype = self.out.weight.dtype
+        first = F.one_hot(start, self.n_items).to(dtype)
+        k_hot = F.one_hot(k - 1, self.max_k).to(dtype)
+
+        def step(h, n):
+            h = self.cell(first if n == 0 else torch.zeros_like(first), h)
+            return h, torch.sigmoid(self.halt(torch.cat([h, k_hot], -1))).squeeze(-1)
+
+        res = act_halting(step, first.new_zeros(len(start), self.hidden), self.threshold, self.max_steps)
+        return self.out(res.output), res.ponder, res.n_updates
+
+
+def train_permutation_act(n_items: int = 16, max_k: int = 6, hidden: int = 32, max_steps: int = 12,
+                          tau: float = 1e-2, steps: int = 1500, batch: int = 128, lr: float = 3e-3, seed: int = 0,
+                          eval_batch: int = 6000) -> dict:
+    """Train one `PermutationACT` on `cyclic_permutation` (seeded by ``seed``); return the mean ponder
+    cost, steps N and accuracy per difficulty ``k = 1 .. max_k``."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    perm = cyclic_permutation(n_items, seed=seed)
+    model = PermutationACT(n_items, max_k, hidden, max_steps)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        start, k, y = permutation_steps(batch, perm, max_k, generator=gen)
+        logits, ponder, _ = model(start, k)
+        loss = F.cross_entropy(logits, y) + tau * ponder.mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        start, k, y = permutation_steps(eval_batch, perm, max_k, generator=gen)
+        logits, ponder, n_upd = model(start, k)
+    correct = (logits.argmax(-1) == y).double()
+    per = [k == d for d in range(1, max_k + 1)]
+    return {"ponder": [ponder[m].mean().item() for m in per], "n_updates": [n_upd[m].mean().item() for m in per],
+            "accuracy": [correct[m].mean().item() for m in per]}
 
 
 class SpanLM(nn.Module):

@@ -250,6 +250,45 @@ def parity_task(batch: int, n_bits: int, *, min_nonzero: int = 1, generator: tor
     return x.to(device), target.to(device), k.to(device)
 
 
+__all__ += ["cyclic_permutation", "permutation_steps"]
+
+
+def cyclic_permutation(n_items: int, *, seed: int = 0) -> torch.Tensor:
+    """A random permutation of ``0 .. n_items-1`` made of one cycle through all items, fixed by ``seed``: ``(n_items,)``.
+
+    One cycle means ``perm`` applied ``k`` times moves every item for ``0 < k < n_items``, so
+    different ``k`` give different answers.
+    """
+    check_positive_int("n_items", n_items)
+    order = torch.randperm(n_items, generator=torch.Generator().manual_seed(seed))
+    perm = torch.empty(n_items, dtype=torch.long)
+    perm[order] = order.roll(-1)
+    return perm
+
+
+def permutation_steps(batch: int, perm: torch.Tensor, max_k: int, *, generator: torch.Generator | None = None,
+                      device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Apply a fixed permutation ``k`` times: ``(start (batch,), k (batch,), target (batch,))``, all long.
+
+    ``perm (n_items,)`` (e.g. `cyclic_permutation`); each row draws a start item uniformly and a
+    difficulty ``k`` uniformly from ``1 .. max_k``; the target is ``perm`` applied ``k`` times to the
+    start. One application per step is the natural algorithm, so ``k`` is the number of sequential
+    steps the answer needs (chapter 6's second ACT task).
+    """
+    check_positive_int("batch", batch)
+    check_positive_int("max_k", max_k)
+    if not isinstance(perm, torch.Tensor) or perm.dim() != 1 or not torch.equal(perm.cpu().sort().values, torch.arange(len(perm))):
+        raise ValueError(f"perm must be a permutation of 0 .. n-1 as a 1-D tensor, got "
+                         f"{tuple(perm.shape) if isinstance(perm, torch.Tensor) else type(perm).__name__}")
+    perm = perm.cpu()
+    start = torch.randint(len(perm), (batch,), generator=generator)
+    k = torch.randint(1, max_k + 1, (batch,), generator=generator)
+    target = start.clone()
+    for j in range(max_k):
+        target = torch.where(k > j, perm[target], target)
+    return start.to(device), k.to(device), target.to(device)
+
+
 # ----------------------------------------------------------------------------- Chapter 9 tasks (M11.3, M11.4)
 __all__ += ["selective_copying", "induction_heads"]
 
