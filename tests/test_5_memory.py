@@ -467,6 +467,28 @@ def test_memorizing_attention_normalises_keys_and_reads_its_memory_M5_8(gen):
     assert (with_memory - without).abs().max() > 1e-6
 
 
+def test_memorizing_gate_is_learned_per_head_M5_8(gen):
+    """The per-head gate is a trained parameter: d out / d b_h = g_h (1 - g_h) (A_mem - A_local) on head h
+    only; the first segment (empty memory) gives it no gradient, the second does."""
+    q, k, v = (randn(2, 3, 5, 4, gen=gen) for _ in range(3))
+    mem_k, mem_v = randn(2, 3, 7, 4, gen=gen), randn(2, 3, 7, 4, gen=gen)
+    inf = torch.full((3,), math.inf, dtype=F64)
+    a_mem = knn_augmented_attention(q, k, v, mem_k, mem_v, 3, inf)
+    a_local = knn_augmented_attention(q, k, v, mem_k, mem_v, 3, -inf)
+    logit = randn(3, gen=gen, requires_grad=True)
+    w = randn(2, 3, 5, 4, gen=gen)
+    (knn_augmented_attention(q, k, v, mem_k, mem_v, 3, logit) * w).sum().backward()
+    g = torch.sigmoid(logit.detach())
+    assert_close(logit.grad, g * (1 - g) * (w * (a_mem - a_local)).sum((0, 2, 3)))
+
+    torch.manual_seed(0)
+    layer = MemorizingAttention(8, 2, capacity=16, topk=2).double()
+    layer(randn(1, 4, 8, gen=gen)).sum().backward()
+    assert layer.gate_logit.grad is None                          # nothing to mix with yet
+    layer(randn(1, 4, 8, gen=gen)).sum().backward()
+    assert layer.gate_logit.grad is not None and (layer.gate_logit.grad.abs() > 0).all()
+
+
 # ============================================================================= M5.11 Titans neural memory
 def test_neural_memory_one_delta_step_by_hand_M5_11(gen):
     """One step from a non-zero state ≡ M - lr·2kᵀ(kM - v) (row form of M - θ·2(Mk - v)kᵀ, ERRATA E5.9)."""
