@@ -1,0 +1,335 @@
+"""Transformers for reinforcement learning (chapter 10): GTrXL's gated blocks and the Decision Transformer.
+
+Layout: activations ``(B, L, d)``; trajectories ``(B, T, ...)`` with time on dim 1. Masks follow
+`xfam_lib.attention` (True = may attend). The toy environment `ChainMDP` and the scripted policies of
+`collect_offline_dataset` exist so the chapter can train a Decision Transformer offline on a CPU in
+seconds, with no download.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import MultiHeadAttention, causal_mask
+from .transformer import FeedForward
+from .utils import check_positive_int, check_tensor
+
+__all__ = [
+    "GRUGate", "GTrXLBlock", "gate_deviation",
+    "returns_to_go", "interleave_trajectory", "dt_action_token_index", "DecisionTransformer",
+    "ChainMDP", "OfflineDataset", "collect_offline_dataset", "train_decision_transformer", "rollout",
+]
+
+
+# ----------------------------------------------------------------------------- GTrXL (M10.2, M10.3)
+class GRUGate(nn.Module):
+    """GTrXL's GRU-style gate ``g(x, y)`` (Parisotto et al. 2020, after Chung et al. 2014).
+
+    ``x`` is the residual stream, ``y`` the sub-layer output, both ``(..., d)``::
+
+        r = sigmoid(W_r y + U_r x)
+        z = sigmoid(W_z y + U_z x - b_g)
+        h = tanh(W_g y + U_g (r * x))
+        g = (1 - z) * x + z * h
+
+    ``b_g`` (a learned ``(d,)`` bias, initialised to ``bias_init``) pushes ``z`` towards 0, so a
+    block with ``bias_init > 0`` starts close to the identity map ``g = x``.
+    """
+
+    def __init__(self, d: int, bias_init: float = 2.0):
+        super().__init__()
+        d = check_positive_int("d", d)
+        if not math.isfinite(float(bias_init)):
+            raise ValueError(f"bias_init must be finite, got {bias_init!r}")
+        self.W = nn.Linear(d, 3 * d, bias=False)          # W_r, W_z, W_g applied to y
+        self.U_rz = nn.Linear(d, 2 * d, bias=False)       # U_r, U_z applied to x
+        self.U_g = nn.Linear(d, d, bias=False)            # U_g applied to r * x
+        self.b_g = nn.Parameter(torch.full((d,), float(bias_init)))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, min_rank=1, floating=True)
+        if y.shape != x.shape:
+            raise ValueError(f"y must have x's shape {tuple(x.shape)}, got {tuple(y.shape)}")
+        wr, wz, wg = self.W(y).chunk(3, dim=-1)
+        ur, uz = self.U_rz(x).chunk(2, dim=-1)
+        r = torch.sigmoid(wr + ur)
+        z = torch.sigmoid(wz + uz - self.b_g)
+        h = torch.tanh(wg + self.U_g(r * x))
+        return (1 - z) * x + z * h
+
+
+def gate_deviation(gate: GRUGate, x: torch.Tensor, y: torch.Tensor) -> float:
+    """``||g(x, y) - x|| / ||x||``: how far the gate is from the identity map (F10.1)."""
+    with torch.no_grad():
+        return float((gate(x, y) - x).norm() / x.norm())
+
+
+_GATES = ("residual", "gru")
+
+
+class GTrXLBlock(nn.Module):
+    """One GTrXL layer ``(B, L, d) -> (B, L, d)``: causal self-attention, then a feed-forward network.
+
+    ``reorder=True`` (identity-map reordering): each sub-layer reads ``LN(x)`` and its output ``y``
+    (after a ReLU when ``relu``) is merged into the untouched stream, ``x <- gate(x, y)``:
+    ``gate="residual"`` is ``x + y``, ``gate="gru"`` is a `GRUGate`. With ``gate="residual"`` and
+    ``relu=False`` this is the Pre-LN layer. ``reorder=False`` is the original Post-LN layer,
+    ``x <- LN(x + sublayer(x))`` (residual gate only). ``relu=None`` means the paper's choice: a ReLU
+    whenever the stream is reordered.
+
+    ``activation`` is the feed-forward network's (``"relu"`` or ``"gelu"``).
+    ``forward(x, memory=None)``: ``memory (B, M, d)`` holds earlier states (Transformer-XL style,
+    no gradient); queries attend causally over ``[memory, x]`` (bottom-right aligned).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, *, gate: str = "gru",
+                 reorder: bool = True, relu: bool | None = None, bias_init: float = 2.0, activation: str = "relu"):
+        super().__init__()
+        if gate not in _GATES:
+            raise ValueError(f"gate must be one of {_GATES}, got {gate!r}")
+        if not reorder and gate != "residual":
+            raise ValueError("reorder=False is the Post-LN layer and takes only gate='residual'")
+        self.gate, self.reorder = gate, bool(reorder)
+        self.relu = self.reorder if relu is None else bool(relu)
+        self.attn = MultiHeadAttention(d_model, n_heads)
+        self.ff = FeedForward(d_model, 4 * d_model if d_ff is None else check_positive_int("d_ff", d_ff), activation)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        if gate == "gru":
+            self.gate1, self.gate2 = GRUGate(d_model, bias_init), GRUGate(d_model, bias_init)
+
+    def _merge(self, which: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.relu:
+            y = F.relu(y)
+        if self.gate == "residual":
+            return x + y
+        return (self.gate1 if which == 1 else self.gate2)(x, y)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None) -> torch.Tensor:
+        check_tensor("x", x, rank=3, floating=True)
+        if memory is not None:
+            check_tensor("memory", memory, rank=3, floating=True)
+            if memory.shape[0] != x.shape[0] or memory.shape[-1] != x.shape[-1]:
+                raise ValueError(f"memory must be (B={x.shape[0]}, M, d={x.shape[-1]}), got {tuple(memory.shape)}")
+        if not self.reorder:
+            context = x if memory is None else torch.cat([memory.detach(), x], dim=1)
+            mask = causal_mask(x.shape[1], context.shape[1], device=x.device)
+            x = self.norm1(x + self.attn(x, kv=context, mask=mask))
+            return self.norm2(x + self.ff(x))
+        h = self.norm1(x)
+        context = h if memory is None else torch.cat([self.norm1(memory.detach()), h], dim=1)
+        mask = causal_mask(x.shape[1], context.shape[1], device=x.device)
+        x = self._merge(1, x, self.attn(h, kv=context, mask=mask))
+        return self._merge(2, x, self.ff(self.norm2(x)))
+
+
+# ----------------------------------------------------------------------------- Decision Transformer (M10.4, M10.5)
+def returns_to_go(rewards: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """``R_t = sum_{t' >= t} gamma^(t' - t) r_t'`` over the last dim: ``(..., T) -> (..., T)``."""
+    check_tensor("rewards", rewards, min_rank=1, floating=True)
+    if not 0.0 < float(gamma) <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+    if gamma == 1.0:
+        return rewards.flip(-1).cumsum(-1).flip(-1)
+    out = torch.empty_like(rewards)
+    running = torch.zeros_like(rewards[..., 0])
+    for t in range(rewards.shape[-1] - 1, -1, -1):
+        running = rewards[..., t] + gamma * running
+        out[..., t] = running
+    return out
+
+
+def interleave_trajectory(R: torch.Tensor, s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Token sequence ``(R_1, s_1, a_1, R_2, s_2, a_2, ...)``: three ``(B, T, d)`` -> ``(B, 3T, d)``."""
+    for name, t in (("R", R), ("s", s), ("a", a)):
+        check_tensor(name, t, rank=3)
+    if not R.shape == s.shape == a.shape:
+        raise ValueError(f"R, s and a must share one (B, T, d) shape, got {tuple(R.shape)}, {tuple(s.shape)}, "
+                         f"{tuple(a.shape)}")
+    b, t, d = R.shape
+    return torch.stack([R, s, a], dim=2).reshape(b, 3 * t, d)
+
+
+def dt_action_token_index(T: int, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """Positions of the ``s_t`` tokens, ``3t + 1`` (0-based), where action ``a_t`` is read out: ``(T,)``."""
+    return torch.arange(check_positive_int("T", T), device=device) * 3 + 1
+
+
+class DecisionTransformer(nn.Module):
+    """Decision Transformer (Chen et al. 2021): a causal Transformer over ``(R, s, a)`` tokens.
+
+    Each token is a linear embedding of its return-to-go, state or action plus a learned timestep
+    embedding, then a LayerNorm; ``n_layers`` Pre-LN blocks (GELU) and a final LayerNorm; the action
+    ``a_t`` is predicted from the ``s_t`` token. ``discrete=True``: actions are ids ``(B, T)`` and the
+    output is logits ``(B, T, act_dim)``; ``discrete=False``: actions are ``(B, T, act_dim)`` and the
+    output is ``tanh`` of a linear read-out.
+
+    ``forward(rtg (B, T), states (B, T, state_dim), actions, timesteps (B, T) long)``. The action at the
+    last step may be any value: causality hides ``a_t`` from the prediction of ``a_t``.
+    """
+
+    def __init__(self, state_dim: int, act_dim: int, *, d_model: int = 64, n_layers: int = 2, n_heads: int = 2,
+                 max_timestep: int = 64, discrete: bool = True):
+        super().__init__()
+        self.state_dim, self.act_dim = check_positive_int("state_dim", state_dim), check_positive_int("act_dim", act_dim)
+        self.max_timestep, self.discrete = check_positive_int("max_timestep", max_timestep), bool(discrete)
+        self.embed_timestep = nn.Embedding(max_timestep, d_model)
+        self.embed_return = nn.Linear(1, d_model)
+        self.embed_state = nn.Linear(state_dim, d_model)
+        self.embed_action = nn.Embedding(act_dim, d_model) if discrete else nn.Linear(act_dim, d_model)
+        self.embed_ln = nn.LayerNorm(d_model)
+        self.layers = nn.ModuleList(GTrXLBlock(d_model, n_heads, gate="residual", relu=False, activation="gelu")
+                                    for _ in range(check_positive_int("n_layers", n_layers)))
+        self.final_ln = nn.LayerNorm(d_model)
+        self.predict_action = nn.Linear(d_model, act_dim)
+
+    def _check(self, rtg, states, actions, timesteps) -> None:
+        check_tensor("rtg", rtg, rank=2, floating=True)
+        b, t = rtg.shape
+        check_tensor("states", states, rank=3, floating=True)
+        if states.shape != (b, t, self.state_dim):
+            raise ValueError(f"states must be (B={b}, T={t}, state_dim={self.state_dim}), got {tuple(states.shape)}")
+        want = (b, t) if self.discrete else (b, t, self.act_dim)
+        check_tensor("actions", actions)
+        if tuple(actions.shape) != want or actions.is_floating_point() == self.discrete:
+            kind = "integer ids" if self.discrete else "floats"
+            raise ValueError(f"actions must be {kind} of shape {want}, got {actions.dtype} {tuple(actions.shape)}")
+        check_tensor("timesteps", timesteps)
+        if timesteps.shape != (b, t) or timesteps.is_floating_point():
+            raise ValueError(f"timesteps must be integer (B={b}, T={t}), got {timesteps.dtype} {tuple(timesteps.shape)}")
+        if t and (int(timesteps.min()) < 0 or int(timesteps.max()) >= self.max_timestep):
+            raise ValueError(f"timesteps must lie in [0, {self.max_timestep}), got "
+                             f"[{int(timesteps.min())}, {int(timesteps.max())}]")
+
+    def forward(self, rtg: torch.Tensor, states: torch.Tensor, actions: torch.Tensor,
+                timesteps: torch.Tensor) -> torch.Tensor:
+        self._check(rtg, states, actions, timesteps)
+        time = self.embed_timestep(timesteps)
+        tokens = interleave_trajectory(self.embed_return(rtg.unsqueeze(-1)) + time,
+                                       self.embed_state(states) + time, self.embed_action(actions) + time)
+        h = self.embed_ln(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        out = self.predict_action(self.final_ln(h)[:, dt_action_token_index(rtg.shape[1], device=h.device)])
+        return out if self.discrete else torch.tanh(out)
+
+
+# ----------------------------------------------------------------------------- a toy environment and offline data (M10.5)
+class ChainMDP:
+    """A deterministic chain of ``n_states`` cells; an episode starts in cell 0 and lasts ``horizon`` steps.
+
+    Action 1 moves right and earns reward 1 (at the right end it stays and earns 0); action 0 moves
+    left (or stays at cell 0) and earns 0. Every return from 0 to ``max_return`` is reachable: ``horizon``
+    if the chain is longer than the episode, else ``n_states - 1`` plus one for every second step left
+    over (stepping back and forth at the end). States are one-hot ``(n_states,)`` vectors.
+    """
+
+    n_actions = 2
+
+    def __init__(self, n_states: int = 12, horizon: int = 10):
+        self.n_states = check_positive_int("n_states", n_states)
+        self.horizon = check_positive_int("horizon", horizon)
+        reach = self.n_states - 1
+        self.max_return = self.horizon if self.horizon <= reach else reach + (self.horizon - reach) // 2
+
+    def observe(self, cell: int) -> torch.Tensor:
+        return F.one_hot(torch.tensor(cell), self.n_states).float()
+
+    def step(self, cell: int, action: int) -> tuple[int, float]:
+        """``(next_cell, reward)``."""
+        if action not in (0, 1):
+            raise ValueError(f"action must be 0 (left) or 1 (right), got {action!r}")
+        if action == 1:
+            return (cell + 1, 1.0) if cell + 1 < self.n_states else (cell, 0.0)
+        return max(cell - 1, 0), 0.0
+
+
+@dataclass
+class OfflineDataset:
+    """Episodes of one `ChainMDP`: ``states (N, T, n_states)``, ``actions (N, T)`` long, ``rewards (N, T)``,
+    ``rtg (N, T)`` (`returns_to_go` of the rewards), ``timesteps (N, T)``, ``returns (N,)``."""
+
+    states: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    rtg: torch.Tensor
+    timesteps: torch.Tensor
+    returns: torch.Tensor
+
+
+def collect_offline_dataset(env: ChainMDP, n_episodes: int, *, p_right=(0.1, 0.3, 0.5, 0.7, 0.9),
+                            seed: int = 0) -> OfflineDataset:
+    """Roll out scripted policies: episode ``i`` moves right with probability ``p_right[i % len(p_right)]``.
+
+    A mix of poor and good behaviour, so the returns cover the whole reachable range.
+    """
+    n_episodes = check_positive_int("n_episodes", n_episodes)
+    if not p_right or not all(0.0 <= p <= 1.0 for p in p_right):
+        raise ValueError(f"p_right must be a non-empty sequence of probabilities, got {p_right!r}")
+    gen = torch.Generator().manual_seed(seed)
+    T = env.horizon
+    states = torch.zeros(n_episodes, T, env.n_states)
+    actions = torch.zeros(n_episodes, T, dtype=torch.long)
+    rewards = torch.zeros(n_episodes, T)
+    for i in range(n_episodes):
+        cell, p = 0, p_right[i % len(p_right)]
+        for t in range(T):
+            states[i, t] = env.observe(cell)
+            action = int(torch.rand((), generator=gen) < p)
+            cell, reward = env.step(cell, action)
+            actions[i, t], rewards[i, t] = action, reward
+    timesteps = torch.arange(T).expand(n_episodes, T).clone()
+    return OfflineDataset(states, actions, rewards, returns_to_go(rewards), timesteps, rewards.sum(-1))
+
+
+def train_decision_transformer(model: DecisionTransformer, data: OfflineDataset, *, steps: int = 300,
+                               batch: int = 64, lr: float = 1e-3, seed: int = 0) -> list[float]:
+    """Fit ``model`` to the dataset's actions (cross-entropy; MSE for continuous actions); returns the losses."""
+    steps, batch = check_positive_int("steps", steps), check_positive_int("batch", batch)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    device = next(model.parameters()).device
+    losses = []
+    model.train()
+    for _ in range(steps):
+        idx = torch.randint(len(data.returns), (batch,), generator=gen)
+        rtg, states, actions, ts = (x[idx].to(device) for x in (data.rtg, data.states, data.actions, data.timesteps))
+        out = model(rtg, states, actions, ts)
+        if model.discrete:
+            loss = F.cross_entropy(out.reshape(-1, model.act_dim), actions.reshape(-1))
+        else:
+            loss = F.mse_loss(out, actions)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def rollout(model: DecisionTransformer, env: ChainMDP, target_return: float) -> float:
+    """Act greedily in ``env`` conditioned on ``target_return``; return the achieved return.
+
+    At step ``t`` the model sees the whole episode so far: returns-to-go ``target - rewards so far``,
+    states, actions (a placeholder for ``a_t``) and timesteps; it plays the argmax action at ``s_t``.
+    """
+    if not model.discrete:
+        raise ValueError("rollout drives ChainMDP, which has discrete actions: use a discrete model")
+    device = next(model.parameters()).device
+    cell, achieved = 0, 0.0
+    rtg, states, actions = [], [], []
+    for t in range(env.horizon):
+        rtg.append(float(target_return) - achieved)
+        states.append(env.observe(cell))
+        actions.append(0)                                    # placeholder for a_t, never seen by its prediction
+        logits = model(torch.tensor([rtg], device=device), torch.stack(states)[None].to(device),
+                       torch.tensor([actions], device=device), torch.arange(t + 1, device=device)[None])
+        action = int(logits[0, -1].argmax())
+        actions[-1] = action
+        cell, reward = env.step(cell, action)
+        achieved += reward
+    return achieved
