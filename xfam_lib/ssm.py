@@ -524,6 +524,7 @@ def _chunk_scan(log_decay, drive, C_l, chunk_size):
     padded with ``delta A = 0`` and zero drive, which changes neither the outputs nor the state.
     """
     batch, dim, length, n = log_decay.shape
+    chunk_size = min(chunk_size, length)                                 # never pad a short sequence up to a chunk
     pad = (-length) % chunk_size
     n_chunks = (length + pad) // chunk_size
     if pad:
