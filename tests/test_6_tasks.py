@@ -1,8 +1,8 @@
-"""Chapter 6 synthetic tasks: Graves's parity vectors and a permutation applied k times (M6.3)."""
+"""Chapter 6 synthetic tasks: Graves's parity vectors and a permutation applied k times (M6.3), easy and hard tokens for early exit (M6.9)."""
 import pytest
 import torch
 
-from xfam_lib.tasks import cyclic_permutation, parity_task, permutation_steps
+from xfam_lib.tasks import copy_or_recall, cyclic_permutation, parity_task, permutation_steps
 
 
 def test_parity_task_counts_plus_ones_and_reports_difficulty_M6_3():
@@ -47,3 +47,16 @@ def test_permutation_steps_applies_perm_k_times_M6_3():
         assert s == t
     with pytest.raises(ValueError, match="perm"):
         permutation_steps(4, torch.tensor([0, 0, 1]), 2)
+
+
+def test_copy_or_recall_targets_M6_9():
+    inputs, targets, hard = copy_or_recall(300, 3, 14, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(targets[~hard], inputs[~hard])                       # easy tokens: the token itself
+    for row_in, row_t in zip(inputs.tolist(), targets.tolist()):
+        pairs = dict(zip(row_in[0:6:2], row_in[1:6:2]))
+        assert len(pairs) == 3                                              # distinct keys
+        assert sorted(row_in[6:]) == sorted(pairs)                          # every key queried once
+        assert row_t[6:] == [pairs[q] for q in row_in[6:]]                  # the value paired with the query
+    assert hard[:, 6:].all() and not hard[:, :6].any()
+    with pytest.raises(ValueError, match="n_pairs"):
+        copy_or_recall(2, 7, 14)

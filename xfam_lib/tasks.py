@@ -289,6 +289,36 @@ def permutation_steps(batch: int, perm: torch.Tensor, max_k: int, *, generator: 
     return start.to(device), k.to(device), target.to(device)
 
 
+__all__ += ["copy_or_recall"]
+
+
+def copy_or_recall(batch: int, n_pairs: int, vocab: int, *, generator: torch.Generator | None = None,
+                   device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Easy and hard tokens in one sequence (chapter 6's early-exit task): ``(inputs, targets, hard)``, each ``(batch, 3*n_pairs)``.
+
+    ``inputs`` = ``k1 v1 ... kn vn q1 ... qn``: ``n_pairs`` distinct keys (lower half of the data
+    tokens) with random values (upper half), then every key once more, in random order, as a query.
+    ``targets`` is the input token itself on the ``k v`` part (easy: copy the current token) and the
+    paired value at each query (hard: a causal model must first attach each value to its key, then
+    look the query up, two attention steps); ``hard`` marks the queries.
+    """
+    check_positive_int("batch", batch)
+    check_positive_int("n_pairs", n_pairs)
+    check_positive_int("vocab", vocab)
+    n_keys = (vocab - N_SPECIAL) // 2
+    if n_keys < n_pairs:
+        raise ValueError(f"vocab={vocab} leaves {n_keys} key tokens, fewer than n_pairs={n_pairs}")
+    keys = torch.rand(batch, n_keys, generator=generator).argsort(-1)[:, :n_pairs] + N_SPECIAL
+    values = torch.randint(N_SPECIAL + n_keys, vocab, (batch, n_pairs), generator=generator)
+    order = torch.rand(batch, n_pairs, generator=generator).argsort(-1)
+    context = torch.stack([keys, values], dim=-1).flatten(1)
+    inputs = torch.cat([context, keys.gather(1, order)], dim=1)
+    targets = torch.cat([context, values.gather(1, order)], dim=1)
+    hard = torch.zeros_like(inputs, dtype=torch.bool)
+    hard[:, 2 * n_pairs:] = True
+    return inputs.to(device), targets.to(device), hard.to(device)
+
+
 # ----------------------------------------------------------------------------- Chapter 9 tasks (M11.3, M11.4)
 __all__ += ["selective_copying", "induction_heads"]
 
