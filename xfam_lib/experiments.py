@@ -10,6 +10,9 @@ to copy the token read ``delay`` steps back while reading a stream one segment a
 `train_permutation_act` (M6.3): the same idea (`PermutationACT`) on applying a permutation k times.
 `train_spans` (chapter 6, M6.4): a small decoder of adaptive-span attention layers (`SpanLM`) on a
 lagged-topic language, returning the learned spans per head.
+
+`train_recall` (chapter 8, M8.11, M11.2): a small model (`RecallNet`) whose token mixer is softmax or
+linear attention, trained on multi-query associative recall (`tasks.mqar`).
 """
 from __future__ import annotations
 
@@ -20,10 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .adaptive import AdaptiveSpanAttention, act_halting
+from .attention import scaled_dot_product_attention
+from .linear import linear_attention
 from .memory import TransformerXL
 from .positional import sinusoidal_encoding
 from .ssm import H3Layer, MambaBlock, S4DLayer
-from .tasks import PAD, LaggedTopicLanguage, cyclic_permutation, delayed_copy, parity_task, permutation_steps
+from .tasks import PAD, LaggedTopicLanguage, cyclic_permutation, delayed_copy, mqar, parity_task, permutation_steps
 from .tasks import induction_heads, selective_copying
 from .train import cross_entropy, train_loop
 from .transformer import TransformerLM
@@ -338,6 +343,83 @@ def activation_memory(depths: Sequence[int] = (1, 2, 4, 8, 16), *, d: int = 64, 
             step()
             out["seconds"][mode].append(time.perf_counter() - start)
     return out
+
+
+# ----------------------------------------------------------------------------- Chapter 8 (M8.11, M11.2)
+class RecallNet(nn.Module):
+    """A small causal sequence model whose token mixer is softmax or linear attention, for recall tasks.
+
+    ``forward(ids (B, L)) -> logits (B, L, vocab)``. Embeddings plus learned positions, then a width-2
+    causal token shift (each position also sees the previous token, as the short convolutions of
+    Zoology's models do, so a key can be bound to the value after it in one layer), then ``n_layers``
+    pre-norm blocks of ``mixer`` and an MLP. ``mixer="softmax"``: `scaled_dot_product_attention`
+    (causal); ``"linear"``: `linear_attention` (elu+1, causal, chunk mode), whose state is one
+    ``d_head x d_head`` matrix per head whatever the length.
+    """
+
+    MIXERS = ("softmax", "linear")
+
+    def __init__(self, vocab: int, d_model: int = 64, n_heads: int = 2, n_layers: int = 2, *, mixer: str = "softmax",
+                 max_len: int = 512):
+        super().__init__()
+        if mixer not in self.MIXERS:
+            raise ValueError(f"mixer must be one of {self.MIXERS}, got {mixer!r}")
+        if d_model % n_heads:
+            raise ValueError(f"d_model must be a multiple of n_heads, got d_model={d_model}, n_heads={n_heads}")
+        self.mixer, self.n_heads = mixer, n_heads
+        self.embed = nn.Embedding(vocab, d_model)
+        self.pos = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
+        self.shift = nn.Linear(2 * d_model, d_model)
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(2 * n_layers))
+        self.qkv = nn.ModuleList(nn.Linear(d_model, 3 * d_model) for _ in range(n_layers))
+        self.out = nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(n_layers))
+        self.mlp = nn.ModuleList(nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, d_model))
+                                 for _ in range(n_layers))
+        self.head = nn.Linear(d_model, vocab)
+
+    def _mix(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        q, k, v = self.qkv[i](x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        if self.mixer == "softmax":
+            y = scaled_dot_product_attention(q, k, v, causal=True)
+        else:
+            y = linear_attention(q, k, v, feature_map="elu", causal=True, mode="chunk", chunk_size=32)
+        return self.out[i](y.transpose(1, 2).reshape(B, L, D))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids) + self.pos[: ids.shape[1]]
+        prev = F.pad(x, (0, 0, 1, 0))[:, :-1]                          # the previous token's embedding
+        x = self.shift(torch.cat([x, prev], dim=-1))
+        for i in range(len(self.qkv)):
+            x = x + self._mix(i, self.norms[2 * i](x))
+            x = x + self.mlp[i](self.norms[2 * i + 1](x))
+        return self.head(x)
+
+
+def train_recall(mixer: str, n_pairs: int, *, seed: int = 0, steps: int = 600, vocab: int | None = None,
+                 d_model: int = 64, n_heads: int = 2, n_layers: int = 2, batch: int = 32, lr: float = 3e-3,
+                 eval_batch: int = 256, device: torch.device | str = "cpu") -> tuple[float, list[float]]:
+    """Train a `RecallNet` with ``mixer`` on `mqar` with ``n_pairs`` pairs; return (test accuracy, loss per step).
+
+    Every query of the sequence is a prediction (loss and accuracy over the query positions only).
+    ``vocab`` defaults to ``4 n_pairs + 2``: ``2 n_pairs`` key tokens (each sequence uses half of them) and
+    ``2 n_pairs`` value tokens. Accuracy is measured on fresh sequences (seed ``10_000 + seed``).
+    """
+    vocab = vocab or 4 * n_pairs + 2
+    torch.manual_seed(seed)
+    model = RecallNet(vocab, d_model, n_heads, n_layers, mixer=mixer, max_len=3 * n_pairs).to(device)
+    gen = torch.Generator().manual_seed(seed)
+
+    def loss_fn(m, step):
+        ids, targets = mqar(batch, n_pairs, vocab, generator=gen, device=device)
+        return cross_entropy(m(ids), targets, ignore_index=PAD)
+
+    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10, progress=False)
+    ids, targets = mqar(eval_batch, n_pairs, vocab, generator=torch.Generator().manual_seed(10_000 + seed), device=device)
+    with torch.no_grad():
+        pred = model(ids).argmax(-1)
+    keep = targets != PAD
+    return ((pred == targets) & keep).sum().item() / keep.sum().item(), losses
 
 
 

@@ -319,6 +319,38 @@ def copy_or_recall(batch: int, n_pairs: int, vocab: int, *, generator: torch.Gen
     return inputs.to(device), targets.to(device), hard.to(device)
 
 
+# ----------------------------------------------------------------------------- Chapter 8 task (M11.2)
+__all__ += ["mqar"]
+
+
+def mqar(batch: int, n_pairs: int, vocab: int, *, n_queries: int | None = None,
+         generator: torch.Generator | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-query associative recall (Zoology, Arora et al. 2024), M11.2.
+
+    ``inputs (batch, 2*n_pairs + n_queries)`` = ``k1 v1 ... kn vn q1 ... qm``: ``n_pairs`` distinct keys
+    (lower half of the data tokens) with random values (upper half), then ``n_queries`` keys of the
+    sequence (distinct, ``n_queries <= n_pairs``, default ``n_pairs``) in random order. ``targets`` has
+    the same shape: ``PAD`` everywhere except at each query, where it is the value paired with that key
+    (a causal model reads the query and must output its value there).
+    """
+    check_positive_int("batch", batch)
+    check_positive_int("n_pairs", n_pairs)
+    n_queries = n_pairs if n_queries is None else check_positive_int("n_queries", n_queries)
+    if n_queries > n_pairs:
+        raise ValueError(f"n_queries must be <= n_pairs, got n_queries={n_queries}, n_pairs={n_pairs}")
+    n_data = vocab - N_SPECIAL
+    n_keys = n_data // 2
+    if n_keys < n_pairs or n_data - n_keys < 1:
+        raise ValueError(f"vocab={vocab} leaves {n_keys} key tokens, fewer than n_pairs={n_pairs}")
+    keys = torch.stack([torch.randperm(n_keys, generator=generator)[:n_pairs] for _ in range(batch)]) + N_SPECIAL
+    values = torch.randint(N_SPECIAL + n_keys, vocab, (batch, n_pairs), generator=generator)
+    which = torch.stack([torch.randperm(n_pairs, generator=generator)[:n_queries] for _ in range(batch)])
+    context = torch.stack([keys, values], dim=-1).flatten(1)
+    inputs = torch.cat([context, keys.gather(1, which)], dim=1)
+    targets = torch.cat([torch.full_like(context, PAD), values.gather(1, which)], dim=1)
+    return inputs.to(device), targets.to(device)
+
+
 # ----------------------------------------------------------------------------- Chapter 9 tasks (M11.3, M11.4)
 __all__ += ["selective_copying", "induction_heads"]
 
