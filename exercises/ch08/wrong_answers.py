@@ -1,0 +1,342 @@
+"""Deliberately wrong answers to the Chapter 8 exercises, used by tests/test_exercises.py.
+
+``WRONG_ANSWERS[part][variant] = (replacements, keyword)``: ``replacements`` maps the names a
+part's answer defines to wrong implementations. Each must fail the part's **public** tests (every
+requirement a question states is in a public check) and all its hidden tests (zero points),
+with messages of which at least one contains ``keyword``. ``TAMPER_BASE`` names the variant
+the tampering checks use (wrong values of the right shape, what a broken comparison would let
+through). The tests add two generic variants to every part themselves (an exception and an
+endless loop), so they are not listed here.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+TAMPER_BASE = "off_by_one"
+
+
+# ----------------------------------------------------------------------------- q1a: linear_attention_recurrent
+def _recurrent(q, k, v, eps=1e-6, *, read_first=False, normalise=True, phi=None, causal=True, transpose=False,
+               fixed_eps=False):
+    phi = phi or (lambda x: F.elu(x) + 1)
+    eps = 1e-6 if fixed_eps else eps
+    fq, fk = phi(q), phi(k)
+    S = q.new_zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]))
+    z = q.new_zeros(q.shape[:-2] + (q.shape[-1],))
+    outs = []
+    for t in range(q.shape[-2]):
+        if read_first:                                             # reads the state before writing token t
+            outs.append(((fq[..., t, :, None] * S).sum(-2), (fq[..., t, :] * z).sum(-1, keepdim=True)))
+        S = S + fk[..., t, :, None] * v[..., t, None, :]
+        z = z + fk[..., t, :]
+        if not read_first:
+            outs.append(((fq[..., t, :, None] * S).sum(-2), (fq[..., t, :] * z).sum(-1, keepdim=True)))
+    if not causal:                                                 # every query reads the final state
+        outs = [((fq[..., t, :, None] * S).sum(-2), (fq[..., t, :] * z).sum(-1, keepdim=True))
+                for t in range(q.shape[-2])]
+    out = torch.stack([num / (den + eps) if normalise else num for num, den in outs], dim=-2)
+    return out, (S.transpose(-2, -1) if transpose else S), z
+
+
+def recurrent_reads_before_writing(q, k, v, eps=1e-6):
+    return _recurrent(q, k, v, eps, read_first=True)
+
+
+def recurrent_no_normaliser(q, k, v, eps=1e-6):
+    return _recurrent(q, k, v, eps, normalise=False)
+
+
+def recurrent_relu_features(q, k, v, eps=1e-6):
+    return _recurrent(q, k, v, eps, phi=F.relu)
+
+
+def recurrent_not_causal(q, k, v, eps=1e-6):
+    return _recurrent(q, k, v, eps, causal=False)
+
+
+def recurrent_state_transposed(q, k, v, eps=1e-6):
+    return _recurrent(q, k, v, eps, transpose=True)                # S as (d_v, d_k)
+
+
+def recurrent_ignores_eps(q, k, v, eps=1e-6):
+    return _recurrent(q, k, v, eps, fixed_eps=True)
+
+
+# ----------------------------------------------------------------------------- q1b: linear_attention_chunk
+def _chunk(q, k, v, chunk_size, eps=1e-6, *, inclusive=False, mask=True, inter_norm=True, drop_tail=False):
+    fq, fk = F.elu(q) + 1, F.elu(k) + 1
+    length = q.shape[-2]
+    S = q.new_zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]))
+    z = q.new_zeros(q.shape[:-2] + (q.shape[-1], 1))
+    outs, entering = [], []
+    stop = length - length % chunk_size if drop_tail and length >= chunk_size else length
+    for start in range(0, stop, chunk_size):
+        qc, kc, vc = (x[..., start:start + chunk_size, :] for x in (fq, fk, v))
+        if inclusive:                                              # the chunk's own tokens counted in the state too
+            S = S + kc.transpose(-2, -1) @ vc
+            z = z + kc.sum(-2).unsqueeze(-1)
+        entering.append(S)
+        inside = qc @ kc.transpose(-2, -1)
+        if mask:
+            inside = inside.tril()
+        numerator = qc @ S + inside @ vc
+        denominator = (qc @ z if inter_norm else 0.0) + inside.sum(-1, keepdim=True) + eps
+        outs.append(numerator / denominator)
+        if not inclusive:
+            S = S + kc.transpose(-2, -1) @ vc
+            z = z + kc.sum(-2).unsqueeze(-1)
+    return torch.cat(outs, dim=-2), torch.stack(entering, dim=-3)
+
+
+def chunk_inclusive_state(q, k, v, chunk_size, eps=1e-6):
+    return _chunk(q, k, v, chunk_size, eps, inclusive=True)
+
+
+def chunk_unmasked_inside(q, k, v, chunk_size, eps=1e-6):
+    return _chunk(q, k, v, chunk_size, eps, mask=False)
+
+
+def chunk_no_inter_normaliser(q, k, v, chunk_size, eps=1e-6):
+    return _chunk(q, k, v, chunk_size, eps, inter_norm=False)
+
+
+def chunk_drops_tail(q, k, v, chunk_size, eps=1e-6):
+    return _chunk(q, k, v, chunk_size, eps, drop_tail=True)        # the ragged last chunk is lost
+
+
+# ----------------------------------------------------------------------------- q2a: positive_features
+def features_no_sqrt_m(x, W):
+    return torch.exp(x @ W.T - 0.5 * (x * x).sum(-1, keepdim=True))
+
+
+def features_plus_norm(x, W):
+    return torch.exp(x @ W.T + 0.5 * (x * x).sum(-1, keepdim=True)) / math.sqrt(W.shape[0])
+
+
+def features_no_norm_term(x, W):
+    return torch.exp(x @ W.T) / math.sqrt(W.shape[0])
+
+
+def features_trig(x, W):
+    return torch.cos(x @ W.T) / math.sqrt(W.shape[0])             # Fourier features, not the positive ones
+
+
+# ----------------------------------------------------------------------------- q2b: orthogonal_gaussian_rows
+def _rows(m, d, seed, *, orthogonal=True, lengths="chi", repeat=False, generator=True, cut=True):
+    gen = torch.Generator().manual_seed(seed) if generator else None
+    blocks, first = [], None
+    for _ in range(-(-m // d)):
+        G = torch.randn(d, d, generator=gen, dtype=torch.float64)
+        if orthogonal:
+            G = torch.linalg.qr(G).Q.T
+            if repeat:
+                first = G if first is None else first
+                G = first
+        blocks.append(G)
+    rows = torch.cat(blocks)
+    if cut:
+        rows = rows[:m]
+    if not orthogonal:
+        return rows
+    if lengths == "chi":
+        return rows * torch.randn(rows.shape[0], d, generator=gen, dtype=torch.float64).norm(dim=-1, keepdim=True)
+    return rows * (math.sqrt(d) if lengths == "sqrt d" else 1.0)
+
+
+def rows_iid(m, d, seed):
+    return _rows(m, d, seed, orthogonal=False)                     # plain Gaussian rows: not orthogonal
+
+
+def rows_unit_length(m, d, seed):
+    return _rows(m, d, seed, lengths="unit")
+
+
+def rows_fixed_length(m, d, seed):
+    return _rows(m, d, seed, lengths="sqrt d")                     # right mean, no spread
+
+
+def rows_repeated_block(m, d, seed):
+    return _rows(m, d, seed, repeat=True)
+
+
+def rows_global_rng(m, d, seed):
+    return _rows(m, d, seed, generator=False)                      # ignores seed
+
+
+def rows_not_cut(m, d, seed):
+    return _rows(m, d, seed, cut=False)                            # ceil(m / d) * d rows
+
+
+# ----------------------------------------------------------------------------- q3a: crosstalk_recall_error
+def _crosstalk(keys, values, *, relative=True, per_row=False, pooled=False, squared=False):
+    S = keys.transpose(-2, -1) @ values
+    diff = keys @ S - values
+    if per_row:
+        return (diff.norm(dim=-1) / values.norm(dim=-1)).mean(-1)
+    if pooled:                                                     # one number for every batch together
+        return diff.norm() / values.norm()
+    err = diff.flatten(-2).norm(dim=-1)
+    if relative:
+        err = err / values.flatten(-2).norm(dim=-1)
+    return err ** 2 if squared else err
+
+
+def crosstalk_absolute(keys, values):
+    return _crosstalk(keys, values, relative=False)
+
+
+def crosstalk_per_row_mean(keys, values):
+    return _crosstalk(keys, values, per_row=True)
+
+
+def crosstalk_pooled(keys, values):
+    return _crosstalk(keys, values, pooled=True)
+
+
+def crosstalk_squared(keys, values):
+    return _crosstalk(keys, values, squared=True)
+
+
+# ----------------------------------------------------------------------------- q3b: best_state_recall_error
+def _best(keys, values, *, state="lstsq", relative=True, by_read=False):
+    S = torch.linalg.pinv(keys) @ values if state == "lstsq" else keys.transpose(-2, -1) @ values
+    read = keys @ S
+    err = (read - values).flatten(-2).norm(dim=-1)
+    if not relative:
+        return err
+    return err / (read if by_read else values).flatten(-2).norm(dim=-1)
+
+
+def best_uses_sum_state(keys, values):
+    return _best(keys, values, state="sum")
+
+
+def best_absolute(keys, values):
+    return _best(keys, values, relative=False)
+
+
+def best_divides_by_read(keys, values):
+    return _best(keys, values, by_read=True)
+
+
+# ----------------------------------------------------------------------------- q4a: gla_recurrent
+def _gla(q, k, v, log_g, initial_state=None, *, decay_after=False, scale=True, gate="exp", use_initial=True):
+    S = q.new_zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]))
+    if initial_state is not None and use_initial:
+        S = initial_state
+    if scale:
+        q = q / math.sqrt(q.shape[-1])
+    g = log_g.exp() if gate == "exp" else 1.0 + log_g
+    outs = []
+    for t in range(q.shape[-2]):
+        write = k[..., t, :, None] * v[..., t, None, :]
+        S = g[..., t, :, None] * (S + write) if decay_after else g[..., t, :, None] * S + write
+        outs.append((q[..., t, :, None] * S).sum(-2))
+    return torch.stack(outs, dim=-2), S
+
+
+def gla_decays_after_writing(q, k, v, log_g, initial_state=None):
+    return _gla(q, k, v, log_g, initial_state, decay_after=True)
+
+
+def gla_no_scale(q, k, v, log_g, initial_state=None):
+    return _gla(q, k, v, log_g, initial_state, scale=False)
+
+
+def gla_linearised_gate(q, k, v, log_g, initial_state=None):
+    return _gla(q, k, v, log_g, initial_state, gate="1 + log g")   # g = 1 + log g instead of exp(log g)
+
+
+def gla_ignores_initial_state(q, k, v, log_g, initial_state=None):
+    return _gla(q, k, v, log_g, initial_state, use_initial=False)
+
+
+# ----------------------------------------------------------------------------- q4b: gla_parallel
+def _gla_parallel(q, k, v, log_g, *, form="log", scale=True, own_gate=False):
+    length = q.shape[-2]
+    if scale:
+        q = q / math.sqrt(q.shape[-1])
+    b = log_g.cumsum(-2)
+    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    if form == "cumulative product":                               # (Q e^b)(K e^-b)^T: e^-b overflows
+        return ((q * b.exp()) @ (k * (-b).exp()).transpose(-2, -1)).tril() @ v
+    log_decay = b.unsqueeze(-2) - b.unsqueeze(-3)
+    if own_gate:                                                   # also decays key j by its own gate
+        log_decay = log_decay + log_g.unsqueeze(-3)
+    if form == "mask after exp":                                   # exp(+large) = inf, times 0 = NaN
+        decay = log_decay.exp() * causal.unsqueeze(-1)
+    else:
+        decay = log_decay.masked_fill(~causal.unsqueeze(-1), float("-inf")).exp()
+    return (q.unsqueeze(-2) * k.unsqueeze(-3) * decay).sum(-1) @ v
+
+
+def gla_parallel_own_gate(q, k, v, log_g):
+    return _gla_parallel(q, k, v, log_g, own_gate=True)
+
+
+def gla_parallel_cumulative_product(q, k, v, log_g):
+    return _gla_parallel(q, k, v, log_g, form="cumulative product")
+
+
+def gla_parallel_mask_after_exp(q, k, v, log_g):
+    return _gla_parallel(q, k, v, log_g, form="mask after exp")
+
+
+def gla_parallel_no_scale(q, k, v, log_g):
+    return _gla_parallel(q, k, v, log_g, scale=False)
+
+
+WRONG_ANSWERS = {
+    "q1a": {
+        "off_by_one": ({"linear_attention_recurrent": recurrent_reads_before_writing}, "max abs error"),
+        "no_normaliser": ({"linear_attention_recurrent": recurrent_no_normaliser}, "max abs error"),
+        "relu_features": ({"linear_attention_recurrent": recurrent_relu_features}, "max abs error"),
+        "not_causal": ({"linear_attention_recurrent": recurrent_not_causal}, "max abs error"),
+        "state_transposed": ({"linear_attention_recurrent": recurrent_state_transposed}, "shape"),
+        "ignores_eps": ({"linear_attention_recurrent": recurrent_ignores_eps}, "max abs error"),
+    },
+    "q1b": {
+        "off_by_one": ({"linear_attention_chunk": chunk_inclusive_state}, "max abs error"),
+        "unmasked_inside": ({"linear_attention_chunk": chunk_unmasked_inside}, "max abs error"),
+        "no_inter_normaliser": ({"linear_attention_chunk": chunk_no_inter_normaliser}, "max abs error"),
+        "drops_tail": ({"linear_attention_chunk": chunk_drops_tail}, "shape"),
+    },
+    "q2a": {
+        "off_by_one": ({"positive_features": features_no_sqrt_m}, "max abs error"),
+        "plus_norm": ({"positive_features": features_plus_norm}, "max abs error"),
+        "no_norm_term": ({"positive_features": features_no_norm_term}, "max abs error"),
+        "trig": ({"positive_features": features_trig}, "max abs error"),
+    },
+    "q2b": {
+        "off_by_one": ({"orthogonal_gaussian_rows": rows_iid}, "not orthogonal"),
+        "unit_length": ({"orthogonal_gaussian_rows": rows_unit_length}, "same squared length"),
+        "fixed_length": ({"orthogonal_gaussian_rows": rows_fixed_length}, "same squared length"),
+        "repeated_block": ({"orthogonal_gaussian_rows": rows_repeated_block}, "repeats the directions"),
+        "global_rng": ({"orthogonal_gaussian_rows": rows_global_rng}, "same seed"),
+        "not_cut": ({"orthogonal_gaussian_rows": rows_not_cut}, "shape"),
+    },
+    "q3a": {
+        "off_by_one": ({"crosstalk_recall_error": crosstalk_per_row_mean}, "max abs error"),
+        "absolute": ({"crosstalk_recall_error": crosstalk_absolute}, "max abs error"),
+        "pooled": ({"crosstalk_recall_error": crosstalk_pooled}, "shape"),
+        "squared": ({"crosstalk_recall_error": crosstalk_squared}, "max abs error"),
+    },
+    "q3b": {
+        "off_by_one": ({"best_state_recall_error": best_uses_sum_state}, "max abs error"),
+        "absolute": ({"best_state_recall_error": best_absolute}, "max abs error"),
+        "divides_by_read": ({"best_state_recall_error": best_divides_by_read}, "max abs error"),
+    },
+    "q4a": {
+        "off_by_one": ({"gla_recurrent": gla_decays_after_writing}, "max abs error"),
+        "no_scale": ({"gla_recurrent": gla_no_scale}, "max abs error"),
+        "linearised_gate": ({"gla_recurrent": gla_linearised_gate}, "max abs error"),
+        "ignores_initial_state": ({"gla_recurrent": gla_ignores_initial_state}, "max abs error"),
+    },
+    "q4b": {
+        "off_by_one": ({"gla_parallel": gla_parallel_own_gate}, "max abs error"),
+        "cumulative_product": ({"gla_parallel": gla_parallel_cumulative_product}, "NaN"),
+        "mask_after_exp": ({"gla_parallel": gla_parallel_mask_after_exp}, "NaN"),
+        "no_scale": ({"gla_parallel": gla_parallel_no_scale}, "max abs error"),
+    },
+}
