@@ -1,0 +1,98 @@
+"""Chapter 11, the capstone arena (METHODS M11.2, M11.6, M11.7): one model per family, matched budgets,
+decoding-state sizes, and data-parallel training with ``torchrun``.
+
+Each family's model is checked for causality by perturbation; the decoding-state formula against the
+states the library's own recurrent forms return; and the 2-process ``torchrun`` run against the
+1-process run with the same global batch.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from xfam_lib.arena import FAMILIES, ArenaLM, count_params, decode_state_bytes, train_arena, width_for_budget
+from xfam_lib.linear import gated_linear_attention
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_arena_model_is_causal_M11_6(family):
+    """Changing token t changes no logit before t, and changes the logit at t."""
+    torch.manual_seed(0)
+    model = ArenaLM(family, 12, 16, 2, d_state=8, window=3, n_features=16, max_len=20).double().eval()
+    ids = torch.randint(2, 12, (2, 10), generator=torch.Generator().manual_seed(1))
+    base = model(ids)
+    ids2 = ids.clone()
+    ids2[:, 6] = (ids2[:, 6] - 1) % 10 + 2
+    moved = model(ids2)
+    assert torch.allclose(moved[:, :6], base[:, :6], rtol=0, atol=1e-12)
+    assert (moved[:, 6] - base[:, 6]).abs().max() > 1e-6
+
+
+def test_decode_state_bytes_match_the_library_states_M11_6():
+    """softmax: the KV cache grows with the context; sliding window stops growing at window + 1 keys;
+    GLA's count equals the numel of `gated_linear_attention`'s final state, Mamba's the numel of
+    `MambaBlock.init_state` (per layer, plus the token shift's one vector)."""
+    torch.manual_seed(0)
+    soft = ArenaLM("softmax", 10, 16, 2)
+    assert decode_state_bytes(soft, 200) - decode_state_bytes(soft, 100) == 2 * 2 * 100 * 16 * 4
+    win = ArenaLM("sliding_window", 10, 16, 2, window=7)
+    assert decode_state_bytes(win, 8) == decode_state_bytes(win, 500) > decode_state_bytes(win, 7)
+    gla = ArenaLM("gla", 10, 16, 2, n_heads=2)
+    q = torch.randn(1, 2, 5, 8)
+    _, state = gated_linear_attention(q, q, q, torch.zeros_like(q), return_final_state=True)
+    assert decode_state_bytes(gla, 5) == (2 * state.numel() + 16) * 4
+    mamba = ArenaLM("mamba", 10, 16, 2, d_state=8)
+    block = mamba.mixers[0]
+    numel = sum(t.numel() for t in block.init_state(1))
+    assert decode_state_bytes(mamba, 99) == (2 * numel + 16) * 4
+
+
+def test_width_for_budget_is_the_closest_width_M11_6():
+    """The chosen width's parameter count is the closest to the budget among its neighbours."""
+    for family in ("softmax", "mamba"):
+        d = width_for_budget(family, 20_000, vocab=18)
+        gaps = {w: abs(count_params(ArenaLM(family, 18, w)) - 20_000) for w in (d - 4, d, d + 4) if w > 0}
+        assert min(gaps, key=gaps.get) == d, gaps
+
+
+def test_arena_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="family must be one of"):
+        ArenaLM("rnn", 10)
+    with pytest.raises(ValueError, match="task must be one of"):
+        train_arena("softmax", "copy", steps=1)
+    with pytest.raises(ValueError, match="exceeds max_len"):
+        ArenaLM("softmax", 10, max_len=4)(torch.zeros(1, 5, dtype=torch.long))
+
+
+def test_softmax_learns_small_mqar_M11_2():
+    """One seed, 150 steps: softmax attention recalls 4 pairs far above chance (1 / 9 values)."""
+    result = train_arena("softmax", "mqar", 4, steps=150, batch=32, d_model=32, seed=0)
+    assert result["accuracy"] > 0.6 and result["losses"][-1] < result["losses"][0] / 2, result["accuracy"]
+
+
+def _sweep(tmp_path, name, launcher):
+    out = tmp_path / f"{name}.json"
+    cmd = launcher + [str(ROOT / "benchmarks" / "arena_sweep.py"), "--families", "gla", "--sizes", "4",
+                      "--seeds", "0", "--steps", "6", "--batch", "8", "--budget", "6000", "--device", "cpu",
+                      "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=300,
+                   env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    return json.loads(out.read_text())
+
+
+def test_torchrun_two_processes_equal_one_process_M11_7(tmp_path):
+    """`torchrun --nproc_per_node=2` (gloo, each rank half of the same global batch of 8) gives the loss curve
+    of the one-process run to fp32 rounding (the all-reduce sums gradients in another order)."""
+    one = _sweep(tmp_path, "one", [sys.executable])
+    two = _sweep(tmp_path, "two", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                   "--nproc_per_node=2"])
+    assert two["processes"] == 2 and one["processes"] == 1
+    a, b = one["runs"][0]["losses"], two["runs"][0]["losses"]
+    assert len(a) == len(b) == 6
+    assert all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)), (a, b)
+    assert a[-1] != a[0]

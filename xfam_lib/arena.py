@@ -1,0 +1,241 @@
+"""The capstone arena (chapter 11): one small language model, one token mixer per family, matched budgets.
+
+`ArenaLM` is embedding + a width-2 causal token shift (each position also sees the previous token,
+as the short convolutions of Zoology's models do) + ``n_layers`` pre-norm blocks of (token mixer,
+MLP) + read-out. Only the mixer changes between families, so differences in recall and cost come
+from the mixer. Every mixer calls the library's own implementation:
+
+==================  ====================================================================
+``softmax``         `attention.scaled_dot_product_attention`, causal
+``sliding_window``  `sparse.sliding_window_attention`, causal, ``window`` keys back
+``linear``          `linear.linear_attention`, elu+1 features, causal, chunk mode
+``gla``             `linear.gated_linear_attention`, data-dependent log gates ``logsigmoid(x W)/16``
+``performer``       `linear.performer_attention`, FAVOR+ with ``n_features`` orthogonal features, causal
+``s4d``             `ssm.S4DLayer` (time-invariant diagonal SSM)
+``mamba``           `ssm.MambaBlock` (selective SSM)
+==================  ====================================================================
+
+`train_arena` trains one model on a recall task and runs data-parallel under ``torchrun`` unchanged:
+when ``torch.distributed`` is initialised, every rank draws the same global batch, takes its own
+slice and DDP averages the gradients, so the loss curve equals the one-process run with the same
+global batch.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import scaled_dot_product_attention
+from .linear import gated_linear_attention, linear_attention, performer_attention
+from .sparse import sliding_window_attention
+from .ssm import MambaBlock, S4DLayer
+from .tasks import PAD, induction_heads, mqar, selective_copying
+from .utils import check_positive_int
+
+__all__ = ["FAMILIES", "ArenaLM", "count_params", "decode_state_bytes", "width_for_budget", "TASKS",
+           "train_arena"]
+
+FAMILIES = ("softmax", "sliding_window", "linear", "gla", "performer", "s4d", "mamba")
+_ATTENTION_LIKE = ("softmax", "sliding_window", "linear", "gla", "performer")
+_GLA_TEMPERATURE = 16.0          # the GLA paper's normaliser: log gates logsigmoid(x W) / 16
+
+
+class _AttentionMixer(nn.Module):
+    """``(B, L, d) -> (B, L, d)``: project to heads, apply one attention-like family, project back."""
+
+    def __init__(self, family: str, d_model: int, n_heads: int, *, window: int, n_features: int, seed: int):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model must be a multiple of n_heads, got d_model={d_model}, n_heads={n_heads}")
+        self.family, self.n_heads, self.window, self.n_features, self.seed = family, n_heads, window, n_features, seed
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.gate = nn.Linear(d_model, d_model) if family == "gla" else None
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        heads = lambda t: t.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2)   # (B, H, L, d_h)
+        q, k, v = (heads(t) for t in self.qkv(x).chunk(3, dim=-1))
+        if self.family == "softmax":
+            y = scaled_dot_product_attention(q, k, v, causal=True)
+        elif self.family == "sliding_window":
+            y = sliding_window_attention(q, k, v, self.window, causal=True)
+        elif self.family == "linear":
+            y = linear_attention(q, k, v, feature_map="elu", causal=True, mode="chunk", chunk_size=32)
+        elif self.family == "gla":
+            log_g = heads(F.logsigmoid(self.gate(x)) / _GLA_TEMPERATURE)
+            y = gated_linear_attention(q, k, v, log_g, mode="chunk", chunk_size=32)
+        else:
+            y = performer_attention(q, k, v, self.n_features, causal=True, seed=self.seed, mode="chunk", chunk_size=32)
+        return self.out(y.transpose(1, 2).reshape(B, L, D))
+
+
+class ArenaLM(nn.Module):
+    """A causal token model whose mixer is one of `FAMILIES`: ``ids (B, L) -> logits (B, L, vocab)``.
+
+    ``window`` (sliding_window: keys up to ``window`` back), ``n_features`` (performer) and ``d_state``
+    (s4d, mamba) are the families' state knobs; the attention-like families use learned positions up to
+    ``max_len`` (the SSMs need none).
+    """
+
+    def __init__(self, family: str, vocab: int, d_model: int = 32, n_layers: int = 2, *, n_heads: int = 2,
+                 d_state: int = 16, window: int = 8, n_features: int = 32, max_len: int = 512, seed: int = 0):
+        super().__init__()
+        if family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+        for name, val in (("vocab", vocab), ("d_model", d_model), ("n_layers", n_layers), ("n_heads", n_heads),
+                          ("d_state", d_state), ("window", window), ("n_features", n_features), ("max_len", max_len)):
+            check_positive_int(name, val)
+        self.family, self.d_model, self.n_heads = family, d_model, n_heads
+        self.d_state, self.window, self.n_features = d_state, window, n_features
+        self.embed = nn.Embedding(vocab, d_model)
+        self.pos = nn.Parameter(torch.randn(max_len, d_model) * 0.02) if family in _ATTENTION_LIKE else None
+        self.shift = nn.Linear(2 * d_model, d_model)
+        if family in _ATTENTION_LIKE:
+            make = lambda i: _AttentionMixer(family, d_model, n_heads, window=window, n_features=n_features, seed=seed + i)
+        elif family == "s4d":
+            make = lambda i: S4DLayer(d_model, d_state)
+        else:
+            make = lambda i: MambaBlock(d_model, d_state)
+        self.mixers = nn.ModuleList(make(i) for i in range(n_layers))
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(2 * n_layers))
+        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(),
+                                                nn.Linear(2 * d_model, d_model)) for _ in range(n_layers))
+        self.norm_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dim() != 2 or ids.is_floating_point():
+            raise ValueError(f"ids must be integer token ids (B, L), got {ids.dtype} {tuple(ids.shape)}")
+        x = self.embed(ids)
+        if self.pos is not None:
+            if ids.shape[1] > self.pos.shape[0]:
+                raise ValueError(f"sequence length {ids.shape[1]} exceeds max_len={self.pos.shape[0]}")
+            x = x + self.pos[: ids.shape[1]]
+        prev = F.pad(x, (0, 0, 1, 0))[:, :-1]                             # the previous token's embedding
+        x = self.shift(torch.cat([x, prev], dim=-1))
+        for i, mixer in enumerate(self.mixers):
+            x = x + mixer(self.norms[2 * i](x))
+            x = x + self.mlps[i](self.norms[2 * i + 1](x))
+        return self.head(self.norm_f(x))
+
+
+def count_params(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def decode_state_bytes(model: ArenaLM, context: int, *, bytes_per_value: int = 4) -> int:
+    """Bytes a decoder of ``model`` keeps between tokens after ``context`` tokens, summed over its layers.
+
+    softmax: the KV cache, ``2 L d``; sliding window: ``2 min(L, window + 1) d``; linear: ``S`` and ``z``,
+    ``H (d_h^2 + d_h)``; GLA: ``H d_h^2``; performer: ``H (m d_h + m)`` with ``m = n_features``; s4d: the
+    complex diagonal state, ``d N`` complex numbers (``N/2`` conjugate pairs, 2 reals each); mamba: the
+    SSM state ``E N`` plus the convolution's window of inputs, ``E d_conv`` (the reference
+    implementation's buffer, as `MambaBlock.init_state`; ``d_conv - 1`` would suffice). Values
+    (not the learned parameters); the token shift adds one ``d``-vector to every family.
+    """
+    L, d, H = check_positive_int("context", context), model.d_model, model.n_heads
+    dh = d // H
+    per_layer = {
+        "softmax": 2 * L * d,
+        "sliding_window": 2 * min(L, model.window + 1) * d,
+        "linear": H * (dh * dh + dh),
+        "gla": H * dh * dh,
+        "performer": H * (model.n_features * dh + model.n_features),
+        "s4d": d * model.d_state,
+    }
+    if model.family == "mamba":
+        block = model.mixers[0]
+        per_layer["mamba"] = block.d_inner * (block.d_state + block.d_conv)
+    return (len(model.mixers) * per_layer[model.family] + d) * bytes_per_value
+
+
+def width_for_budget(family: str, budget: int, *, vocab: int, n_layers: int = 2, n_heads: int = 2,
+                     multiple: int = 4, **kwargs) -> int:
+    """The width ``d_model`` (a multiple of ``multiple`` and of ``n_heads``) whose `ArenaLM` has the
+    parameter count closest to ``budget``."""
+    budget = check_positive_int("budget", budget)
+    step = math.lcm(multiple, n_heads)
+    best, best_gap = step, None
+    for d in range(step, 64 * step + 1, step):
+        n = count_params(ArenaLM(family, vocab, d, n_layers, n_heads=n_heads, **kwargs))
+        if best_gap is None or abs(n - budget) < best_gap:
+            best, best_gap = d, abs(n - budget)
+        if n > budget:
+            break
+    return best
+
+
+TASKS: dict[str, Callable] = {
+    "mqar": lambda batch, size, vocab, gen, device: mqar(batch, size, vocab, generator=gen, device=device),
+    "selective_copying": lambda batch, size, vocab, gen, device: selective_copying(batch, 4 * size, size, vocab,
+                                                                                   generator=gen, device=device),
+    "induction_heads": lambda batch, size, vocab, gen, device: induction_heads(batch, size, vocab, generator=gen,
+                                                                               device=device),
+}
+
+
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def train_arena(family: str, task: str = "mqar", size: int = 8, *, vocab: int | None = None, d_model: int = 32,
+                n_layers: int = 2, steps: int = 200, batch: int = 32, lr: float = 3e-3, seed: int = 0,
+                eval_batch: int = 256, device: torch.device | str = "cpu", **model_kwargs) -> dict:
+    """Train an `ArenaLM` of ``family`` on ``task`` (a key of `TASKS`; ``size`` is the number of pairs
+    for mqar, of data tokens for selective copying, the length for induction heads).
+
+    AdamW with a linear warm-up over the first tenth of the steps; loss and accuracy count only the
+    answer positions. ``batch`` is the global batch: under ``torchrun`` each of the ``W`` ranks trains on
+    its ``batch / W`` slice of the same global batch and DDP averages gradients. Returns ``{"accuracy"
+    (fresh sequences, seed 10_000 + seed), "losses" (global mean per step), "params", "state_bytes"
+    (after the eval sequence length), "seq_len"}``.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
+    rank, world = _rank_and_world()
+    if batch % world:
+        raise ValueError(f"batch={batch} must be divisible by the number of processes ({world})")
+    vocab = vocab or (4 * size + 2 if task == "mqar" else 16)
+    gen = torch.Generator().manual_seed(seed)
+    probe, _ = TASKS[task](1, size, vocab, torch.Generator().manual_seed(0), "cpu")
+    torch.manual_seed(seed)
+    model = ArenaLM(family, vocab, d_model, n_layers, max_len=probe.shape[1], seed=seed, **model_kwargs).to(device)
+    trained = model
+    if world > 1:
+        trained = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    local = batch // world
+    losses = []
+    for _ in range(check_positive_int("steps", steps)):
+        ids, targets = TASKS[task](batch, size, vocab, gen, device)            # the same global batch on every rank
+        ids, targets = ids[rank * local:(rank + 1) * local], targets[rank * local:(rank + 1) * local]
+        logits = trained(ids)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=PAD)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        mean = loss.detach().clone()
+        if world > 1:
+            import torch.distributed as dist
+            dist.all_reduce(mean)
+            mean /= world
+        losses.append(mean.item())
+    ids, targets = TASKS[task](eval_batch, size, vocab, torch.Generator().manual_seed(10_000 + seed), device)
+    with torch.no_grad():
+        pred = model.eval()(ids).argmax(-1)
+    keep = targets != PAD
+    return {"accuracy": ((pred == targets) & keep).sum().item() / keep.sum().item(), "losses": losses,
+            "params": count_params(model), "state_bytes": decode_state_bytes(model, ids.shape[1]),
+            "seq_len": ids.shape[1]}
