@@ -8,8 +8,9 @@ fixed model width. This script trains `xfam_lib.experiments.RecallNet` with ``mi
 except the token mixer. Accuracy is measured over the query positions of fresh sequences.
 
 Results (per seed and the mean) go to ``experiments/results/linear_recall.json``; chapter 8 plots them.
-Usage: ``python experiments/linear_recall.py [--seeds 0 1 2] [--steps 300]`` (about 6 minutes on one
-CPU core with the defaults; ``--quick`` runs a short version to try the script).
+Usage: ``python experiments/linear_recall.py [--seeds 0 1 2] [--steps 300]`` (one thread; the saved run
+took 11 minutes on a shared 2-core machine under a load average near 10; shorter trial runs suggest
+about 6 minutes on a quiet core; ``--quick`` runs a short version to try the script).
 """
 from __future__ import annotations
 
