@@ -178,6 +178,18 @@ def test_scan_leaves_honest_code_alone():
     assert [entry for entry, _ in reached] == ["xfam_lib.attention.MultiHeadAttention"] and flags == [], (reached, flags)
 
 
+@pytest.mark.parametrize("cell", [
+    "from xfam_lib.linear import _linear_chunk",
+    "import xfam_lib.linear as L\nf = L._gla_recurrent",
+    "from xfam_lib.linear import linear_attention",
+])
+def test_a_module_off_limits_covers_its_private_helpers(cell):
+    """Placing a whole module off limits covers its private functions too: a student cannot borrow the
+    helper that does the public function's work."""
+    reached, _ = scan_code([cell], grading.off_limits_resolver(grading.expand_off_limits({"q1a": ["xfam_lib.linear"]})))
+    assert [entry for entry, _ in reached] and all(e.startswith("xfam_lib.linear.") for e, _ in reached), reached
+
+
 @pytest.mark.parametrize("cell, flag", [
     ("import torch\ntorch.allclose = lambda *a, **k: True", "replaces torch.allclose"),
     ("import torch as t\nt.Tensor.__eq__ = lambda s, o: True", "replaces torch.Tensor.__eq__"),

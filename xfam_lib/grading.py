@@ -74,6 +74,7 @@ import dataclasses
 import importlib
 import importlib.abc
 import importlib.machinery
+import inspect
 import io
 import json
 import math
@@ -942,9 +943,11 @@ def resolve_live(dotted: str) -> Any:
 
 
 def _members(module) -> list[tuple[str, Any]]:
-    """The public functions and classes a library module defines itself."""
+    """The functions and classes a library module defines itself: its public ones and its private
+    functions (a module placed off limits covers the helpers that do its work, e.g. ``_linear_chunk``)."""
     return [(f"{module.__name__}.{k}", v) for k, v in vars(module).items()
-            if not k.startswith("_") and callable(v) and getattr(v, "__module__", None) == module.__name__]
+            if callable(v) and getattr(v, "__module__", None) == module.__name__ and not k.startswith("__")
+            and (not k.startswith("_") or inspect.isfunction(v))]
 
 
 def expand_off_limits(off_limits: dict[str, list[str]]) -> dict[str, tuple[Any, list[str]]]:
