@@ -5,8 +5,8 @@ trained on a `LaggedTopicLanguage` whose rule copies (a permutation of) the toke
 sequences of 64 tokens. `attention_by_distance` averages the attention weights of every head on a
 held-out batch by ``i - j``, and records the weight on token 0 (an "attention sink") against the uniform
 share. Results go to ``experiments/results/sink_attention.json``; chapter 7 plots them.
-Usage: ``python experiments/sink_attention.py [--seeds 0 1 2] [--steps 300]`` (about 1.5 minutes on one
-core; ``--quick`` runs one seed for 40 steps).
+Usage: ``python experiments/sink_attention.py [--seeds 0 1 2] [--steps 300]`` (3.8 minutes on one shared
+core under heavy load; ``--quick`` runs one seed for 40 steps).
 """
 from __future__ import annotations
 
