@@ -67,7 +67,7 @@ def attention_heatmap(weights, ax=None, *, title: str | None = None, xlabels: Se
     return fig if fig is not None else ax.figure
 
 
-def plot_mask(mask, ax=None, *, title: str | None = None):
+def plot_mask(mask, ax=None, title: str | None = None):
     """Draw a boolean ``(Lq, Lk)`` attention mask (dark = may attend) with its density, the fraction of
     allowed pairs, in the title (M7.1). Returns the Figure."""
     m = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
