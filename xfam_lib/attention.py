@@ -22,6 +22,7 @@ from .utils import check_positive_int, check_same_dtype, check_tensor
 from .utils import compute_dtype as _compute_dtype
 
 __all__ = [
+    "induction_score",
     "causal_mask",
     "padding_mask",
     "document_mask",
@@ -533,6 +534,31 @@ def attention_entropy(weights: torch.Tensor, dim: int = -1) -> torch.Tensor:
     check_tensor("weights", weights, min_rank=1, floating=True)
     w = weights.to(_compute_dtype(weights.dtype))
     return (-torch.special.xlogy(w, w).sum(dim=dim)).to(weights.dtype)
+
+
+def induction_score(weights: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """How much of its attention each query puts on the tokens that followed earlier copies of its own
+    token (Olsson et al. 2022), averaged over the queries that have an earlier copy: a scalar, 1 for a
+    perfect induction head.
+
+    ``weights (..., L, L)`` (rows sum to 1), ``tokens (..., L)`` broadcastable to ``weights``'s leading
+    dims. Key ``j`` is an induction target of query ``i`` when ``j <= i`` and ``tokens[j - 1] == tokens[i]``.
+    Raises if no query has an earlier copy of its token.
+    """
+    check_tensor("weights", weights, min_rank=2, floating=True)
+    check_tensor("tokens", tokens, min_rank=1)
+    L = weights.shape[-1]
+    if weights.shape[-2] != L or tokens.shape[-1] != L:
+        raise ValueError(f"weights must be (..., L, L) and tokens (..., L), got {tuple(weights.shape)} and "
+                         f"{tuple(tokens.shape)}")
+    follows_copy = tokens[..., :-1].unsqueeze(-2) == tokens.unsqueeze(-1)   # [i, j-1]: token j-1 equals token i
+    pos = torch.arange(L, device=weights.device)
+    target = F.pad(follows_copy, (1, 0)) & (pos <= pos.unsqueeze(-1))      # (..., L, L); key 0 follows nothing
+    mass = (weights * target).sum(-1)                                       # (..., L) attention on the targets
+    has = target.any(-1).expand(mass.shape)
+    if not bool(has.any()):
+        raise ValueError("induction_score: no query has an earlier copy of its token")
+    return mass[has].mean()
 
 
 def logn_scale(n, train_len: int):
