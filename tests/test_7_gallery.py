@@ -113,3 +113,19 @@ def test_sparse_kernels_run_under_bf16_autocast_M7_7(kernel):
     assert out.dtype == torch.float32
     err = (out - ref).abs().max().item()
     assert 0 < err < 0.05                                      # bf16 matmuls: 8-bit mantissa, O(1) values
+
+
+def test_train_sink_lm_learns_the_lag_M7_18():
+    """A short run already puts the attention peak on i - j = lag - 1 (the token that predicts the next one
+    under the lag rule), well above the uniform share; before training there is no such peak."""
+    from xfam_lib.experiments import train_sink_lm
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                                   # a tiny model: threads only contend
+    try:
+        r = train_sink_lm(steps=120, length=16, batch=16, lag=2, seed=1)
+    finally:
+        torch.set_num_threads(threads)
+    before, after = r["before"]["by_distance"], r["after"]["by_distance"]
+    assert max(range(len(after)), key=after.__getitem__) == 1
+    assert after[1] > 3 * r["after"]["uniform"] and before[1] < 2 * r["before"]["uniform"]
