@@ -1,8 +1,10 @@
-"""Chapter 6 synthetic tasks: Graves's parity vectors and a permutation applied k times (M6.3), easy and hard tokens for early exit (M6.9)."""
+"""Chapter 6 synthetic tasks: Graves's parity vectors and a permutation applied k times (M6.3), easy and hard tokens for early exit (M6.9), a language with one long-range dependency (M6.4)."""
+import math
+
 import pytest
 import torch
 
-from xfam_lib.tasks import copy_or_recall, cyclic_permutation, parity_task, permutation_steps
+from xfam_lib.tasks import ModeBigramLanguage, copy_or_recall, cyclic_permutation, parity_task, permutation_steps
 
 
 def test_parity_task_counts_plus_ones_and_reports_difficulty_M6_3():
@@ -60,3 +62,20 @@ def test_copy_or_recall_targets_M6_9():
     assert hard[:, 6:].all() and not hard[:, :6].any()
     with pytest.raises(ValueError, match="n_pairs"):
         copy_or_recall(2, 7, 14)
+
+
+def test_mode_bigram_language_rule_and_oracle_M6_4():
+    lang = ModeBigramLanguage(12, n_modes=3, p_rule=0.8, seed=2)
+    tokens, logp = lang.sample(400, 20, generator=torch.Generator().manual_seed(0))
+    mode = tokens[:, 0]
+    assert mode.max().item() < 3 and tokens[:, 1:].min().item() >= 3           # a mode token, then data tokens
+    n_data = 12 - 3
+    for row, lp in zip(tokens[:5].tolist(), logp[:5].tolist()):                 # the oracle, token by token
+        m = row[0]
+        for t in range(2, 20):
+            hit = lang.perms[m, row[t - 1] - 3].item() == row[t]
+            assert abs(lp[t] - math.log(0.2 / n_data + 0.8 * hit)) < 1e-12
+    hits = (tokens[:, 2:] == lang.perms[mode[:, None], tokens[:, 1:-1] - 3]).double().mean().item()
+    assert abs(hits - (0.8 + 0.2 / n_data)) < 0.02                             # the rule's share (4 s.e. of 7200 draws)
+    with pytest.raises(ValueError, match="p_rule"):
+        ModeBigramLanguage(12, p_rule=1.0)

@@ -28,7 +28,7 @@ from .linear import linear_attention
 from .memory import TransformerXL
 from .positional import sinusoidal_encoding
 from .ssm import H3Layer, MambaBlock, S4DLayer
-from .tasks import PAD, LaggedTopicLanguage, cyclic_permutation, delayed_copy, mqar, parity_task, permutation_steps
+from .tasks import PAD, LaggedTopicLanguage, ModeBigramLanguage, cyclic_permutation, delayed_copy, mqar, parity_task, permutation_steps
 from .tasks import induction_heads, selective_copying
 from .train import cross_entropy, train_loop
 from .transformer import TransformerLM
@@ -256,13 +256,18 @@ class SpanLM(nn.Module):
         return sum(a.span_penalty() for a in self.attn)
 
 
-def train_spans(*, vocab=32, lag=12, p_rule=0.7, topic_size=6, d_model=32, n_heads=4, n_layers=2, length=32,
-                ramp=4, init_span=16.0, coef=3e-3, steps=2000, batch=32, lr=3e-3, span_lr=2e-2, seed=0,
+def train_spans(*, vocab=32, lag=12, p_rule=0.7, topic_size=6, n_modes=0, d_model=32, n_heads=4, n_layers=2,
+                length=32, ramp=4, init_span=16.0, coef=3e-3, steps=2000, batch=32, lr=3e-3, span_lr=2e-2, seed=0,
                 device=None) -> dict:
-    """Train one `SpanLM`; return its spans ``(n_layers, n_heads)`` and the last 50 steps' mean loss."""
+    """Train one `SpanLM`; return its spans ``(n_layers, n_heads)``, the last 50 steps' mean loss and the
+    true process's loss (``oracle_loss``, on 512 fresh sequences). The language is `LaggedTopicLanguage`
+    (``lag``, ``p_rule``, ``topic_size``), or `ModeBigramLanguage` (``n_modes``, ``p_rule``) when ``n_modes > 0``."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    lang = LaggedTopicLanguage(vocab, lag=lag, p_rule=p_rule, topic_size=topic_size, seed=seed)
+    if n_modes:
+        lang = ModeBigramLanguage(vocab, n_modes=n_modes, p_rule=p_rule, seed=seed)
+    else:
+        lang = LaggedTopicLanguage(vocab, lag=lag, p_rule=p_rule, topic_size=topic_size, seed=seed)
     model = SpanLM(vocab, d_model, n_heads, n_layers, length, ramp, init_span).to(device)
     spans = [p for n, p in model.named_parameters() if n.endswith("span_logit")]
     rest = [p for n, p in model.named_parameters() if not n.endswith("span_logit")]
@@ -275,8 +280,9 @@ def train_spans(*, vocab=32, lag=12, p_rule=0.7, topic_size=6, d_model=32, n_hea
         (ce + coef * model.span_penalty()).backward()
         opt.step()
         losses.append(ce.item())
+    oracle_logp = lang.sample(512, length + 1, generator=torch.Generator().manual_seed(10_000 + seed))[1]
     return {"spans": [a.spans.detach().cpu().tolist() for a in model.attn],
-            "final_loss": sum(losses[-50:]) / len(losses[-50:])}
+            "final_loss": sum(losses[-50:]) / len(losses[-50:]), "oracle_loss": -oracle_logp[:, 1:].mean().item()}
 
 
 # ----------------------------------------------------------------------------- chapter 7 (M7.7, M7.14, M7.18)

@@ -319,6 +319,51 @@ def copy_or_recall(batch: int, n_pairs: int, vocab: int, *, generator: torch.Gen
     return inputs.to(device), targets.to(device), hard.to(device)
 
 
+__all__ += ["ModeBigramLanguage"]
+
+
+class ModeBigramLanguage:
+    """A language with local structure and one long-range dependency (chapter 6's adaptive-span task, M6.4).
+
+    The first token of a sequence is one of ``n_modes`` *mode* tokens (ids ``0 .. n_modes-1``); the
+    rest are data tokens (``n_modes .. vocab-1``). Token ``t >= 2`` is the mode's own fixed
+    permutation of token ``t - 1`` with probability ``p_rule`` and uniform over the data tokens
+    otherwise. Predicting a token needs the previous token (distance 1) and the mode, which sits at
+    the start, as far back as the sequence goes (the last rule-following step also hints at it).
+    The permutations are fixed by ``seed``. `sample` returns ``(tokens (batch, length) long,
+    oracle_logp (batch, length) fp64)``, the true process's log-probability of every token given the mode.
+    """
+
+    def __init__(self, vocab: int = 32, *, n_modes: int = 4, p_rule: float = 0.8, seed: int = 0):
+        self.vocab = check_positive_int("vocab", vocab)
+        self.n_modes = check_positive_int("n_modes", n_modes)
+        if vocab - n_modes < 2:
+            raise ValueError(f"vocab={vocab} leaves fewer than 2 data tokens after n_modes={n_modes}")
+        if not 0.0 <= p_rule < 1.0:
+            raise ValueError(f"p_rule must be in [0, 1), got {p_rule}")
+        self.p_rule = float(p_rule)
+        gen = torch.Generator().manual_seed(seed)
+        self.perms = torch.stack([torch.randperm(vocab - n_modes, generator=gen) for _ in range(n_modes)]) + n_modes
+
+    def sample(self, batch: int, length: int, *, generator: torch.Generator | None = None,
+               device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens (batch, length) long, oracle_logp (batch, length) fp64)``."""
+        check_positive_int("batch", batch)
+        check_positive_int("length", length)
+        n_data = self.vocab - self.n_modes
+        mode = torch.randint(self.n_modes, (batch,), generator=generator)
+        tokens = torch.randint(self.n_modes, self.vocab, (batch, length), generator=generator)
+        use_rule = torch.rand(batch, length, generator=generator) < self.p_rule
+        tokens[:, 0] = mode
+        for t in range(2, length):
+            tokens[:, t] = torch.where(use_rule[:, t], self.perms[mode, tokens[:, t - 1] - self.n_modes], tokens[:, t])
+        p = torch.full((batch, length), 1.0 / n_data, dtype=torch.float64)
+        p[:, 0] = 1.0 / self.n_modes
+        hit = tokens[:, 2:] == self.perms[mode[:, None], tokens[:, 1:-1] - self.n_modes]
+        p[:, 2:] = (1 - self.p_rule) / n_data + self.p_rule * hit.double()
+        return tokens.to(device), p.log().to(device)
+
+
 # ----------------------------------------------------------------------------- Chapter 8 task (M11.2)
 __all__ += ["mqar"]
 
