@@ -21,6 +21,7 @@ from xfam_lib.rl import (
     dt_action_token_index,
     gate_deviation,
     interleave_trajectory,
+    layer_gradient_norms,
     returns_to_go,
     rollout,
     train_decision_transformer,
@@ -161,6 +162,44 @@ def test_gated_deep_stack_keeps_gradients_where_post_ln_fades_M10_2():
             norms[name] = float(inp.grad.norm())
         ratios.append(norms["post"] / norms["gated"])
     assert max(ratios) < 0.5, ratios
+
+
+def test_layer_gradient_norms_equal_a_manual_backward_M10_2(gen):
+    """F10.1's helper against an ordinary backward with retained activation gradients and per-block
+    parameter .grad (fp64), for a Post-LN, a Pre-LN and a GRU-gated stack."""
+    x, w = _randn(2, 5, 8, gen=gen), _randn(2, 5, 8, gen=gen)
+    for kw in (dict(gate="residual", reorder=False), dict(gate="residual", relu=False), dict(gate="gru")):
+        torch.manual_seed(4)
+        blocks = [GTrXLBlock(8, 2, **kw).double() for _ in range(3)]
+        states, params = layer_gradient_norms(blocks, x, w)
+        hs = [x.clone().requires_grad_()]
+        for blk in blocks:
+            hs.append(blk(hs[-1]))
+            hs[-1].retain_grad()
+        (w * hs[-1]).sum().backward()
+        assert_close(states, torch.stack([h.grad.norm() for h in hs]))
+        want = [torch.cat([q.grad.flatten() for q in blk.parameters() if q.grad is not None]).norm() for blk in blocks]
+        assert_close(params, torch.stack(want))
+
+
+def test_layer_gradient_norms_identity_limits_M10_2_M10_3(gen):
+    """Where a stack is exactly the identity map, every layer receives the top gradient unchanged:
+    Pre-LN blocks whose sub-layers output zero, and GRU gates closed by a huge b_g."""
+    x, w = _randn(2, 4, 8, gen=gen), _randn(2, 4, 8, gen=gen)
+    torch.manual_seed(5)
+    pre = [GTrXLBlock(8, 2, gate="residual", relu=False).double() for _ in range(4)]
+    for blk in pre:
+        for lin in (blk.attn.out_proj, blk.ff.linear2):
+            torch.nn.init.zeros_(lin.weight)
+            torch.nn.init.zeros_(lin.bias)
+    closed = [GTrXLBlock(8, 2, gate="gru", bias_init=60.0).double() for _ in range(4)]
+    for blocks in (pre, closed):
+        states, _ = layer_gradient_norms(blocks, x, w)
+        assert_close(states, w.norm().expand(5))
+    with pytest.raises(ValueError, match="weight must have x's shape"):
+        layer_gradient_norms(pre, x, w[:, :3])
+    with pytest.raises(ValueError, match="at least one block"):
+        layer_gradient_norms([], x, w)
 
 
 # ----------------------------------------------------------------------------- M10.4 tokens

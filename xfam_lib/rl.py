@@ -19,7 +19,7 @@ from .transformer import FeedForward
 from .utils import check_positive_int, check_tensor
 
 __all__ = [
-    "GRUGate", "GTrXLBlock", "gate_deviation",
+    "GRUGate", "GTrXLBlock", "gate_deviation", "layer_gradient_norms",
     "returns_to_go", "interleave_trajectory", "dt_action_token_index", "DecisionTransformer",
     "ChainMDP", "OfflineDataset", "collect_offline_dataset", "train_decision_transformer", "rollout",
 ]
@@ -66,6 +66,38 @@ def gate_deviation(gate: GRUGate, x: torch.Tensor, y: torch.Tensor) -> float:
     """``||g(x, y) - x|| / ||x||``: how far the gate is from the identity map (F10.1)."""
     with torch.no_grad():
         return float((gate(x, y) - x).norm() / x.norm())
+
+
+def layer_gradient_norms(blocks, x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-layer gradient norms of a stack at its current weights (F10.1, M10.2).
+
+    ``x (B, L, d)`` runs through ``blocks`` in order, giving ``h_0 = x, h_1, ..., h_N``; the loss is the
+    fixed linear read-out ``sum(weight * h_N)`` (``weight`` shaped like ``x``), so every stack receives the
+    same gradient ``weight`` at the top and only the way it carries it down differs. Returns
+    ``(state_norms (N+1,), param_norms (N,))``: ``||dL/dh_l||`` for ``l = 0..N`` and, per block, the norm of
+    the gradient of all its parameters (by ``torch.autograd.grad``: no ``.grad`` field is touched).
+    """
+    blocks = list(blocks)
+    if not blocks:
+        raise ValueError("blocks must hold at least one block")
+    check_tensor("x", x, rank=3, floating=True)
+    if weight.shape != x.shape:
+        raise ValueError(f"weight must have x's shape {tuple(x.shape)}, got {tuple(weight.shape)}")
+    params = [[p for p in blk.parameters() if p.requires_grad] for blk in blocks]
+    h = x.detach().requires_grad_()
+    states = [h]
+    with torch.enable_grad():
+        for blk in blocks:
+            h = blk(h)
+            states.append(h)
+        grads = torch.autograd.grad((weight * h).sum(), states + [p for ps in params for p in ps], allow_unused=True)
+    state_norms = torch.stack([g.norm() for g in grads[:len(states)]])
+    rest, param_norms = list(grads[len(states):]), []
+    for ps in params:
+        mine, rest = rest[:len(ps)], rest[len(ps):]
+        sq = sum((g.pow(2).sum() for g in mine if g is not None), torch.zeros((), dtype=x.dtype, device=x.device))
+        param_norms.append(sq.sqrt())
+    return state_norms.detach(), torch.stack(param_norms).detach()
 
 
 _GATES = ("residual", "gru")
