@@ -7,8 +7,8 @@ token, the answer after it, random tokens, the trigger again: predict the answer
 fresh sequences at each test length.
 
 Results (per seed and loss curves) go to ``experiments/results/induction_heads.json``; chapter 9 plots
-them. Usage: ``python experiments/induction_heads.py [--seeds 0 1 2] [--steps 250]`` (a few minutes on a
-quiet CPU core; ``--quick`` runs a short version to try the script).
+them. Usage: ``python experiments/induction_heads.py [--seeds 0 1 2] [--steps 250]`` (about 2 minutes of CPU time on
+one core; ``--quick`` runs a short version to try the script).
 """
 from __future__ import annotations
 

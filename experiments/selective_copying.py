@@ -7,8 +7,8 @@ batches of `xfam_lib.tasks.selective_copying` (4 data tokens at random positions
 markers asking for them in order). Accuracy is over the answer positions of 256 fresh sequences.
 
 Results (per seed, and loss curves) go to ``experiments/results/selective_copying.json``; chapter 9 plots
-them. Usage: ``python experiments/selective_copying.py [--seeds 0 1 2] [--steps 1000]`` (about 10 minutes on
-a quiet CPU core with the defaults; ``--quick`` runs a short version to try the script).
+them. Usage: ``python experiments/selective_copying.py [--seeds 0 1 2] [--steps 1000]`` (about 6 minutes of CPU time on
+one core with the defaults; ``--quick`` runs a short version to try the script).
 """
 from __future__ import annotations
 
