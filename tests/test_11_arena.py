@@ -96,3 +96,16 @@ def test_torchrun_two_processes_equal_one_process_M11_7(tmp_path):
     assert len(a) == len(b) == 6
     assert all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)), (a, b)
     assert a[-1] != a[0]
+
+
+def test_copy_tasks_are_seeded_and_exact_M11_1():
+    """M11.1: the copy target is the source and the reverse target the source backwards, data tokens only;
+    the same generator seed gives the same batch, another seed another."""
+    from xfam_lib.tasks import N_SPECIAL, copy_task, reverse_task
+    src, tgt = copy_task(4, 12, 10, generator=torch.Generator().manual_seed(3))
+    again, _ = copy_task(4, 12, 10, generator=torch.Generator().manual_seed(3))
+    other, _ = copy_task(4, 12, 10, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(tgt, src) and torch.equal(src, again) and not torch.equal(src, other)
+    assert int(src.min()) >= N_SPECIAL and int(src.max()) < 10
+    rsrc, rtgt = reverse_task(4, 12, 10, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(rtgt.flip(-1), rsrc)
