@@ -89,9 +89,9 @@ def accuracy(pred: torch.Tensor, target: torch.Tensor, *, by: str = "token", ign
     keep = torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target != ignore_index
     hit = (pred == target) & keep
     if by == "token":
-        return float(hit.sum() / keep.sum().clamp_min(1))
+        return int(hit.sum()) / max(int(keep.sum()), 1)                  # exact counts, divided in fp64
     if by == "sequence":
-        return float((hit | ~keep).all(dim=1).float().mean())
+        return int((hit | ~keep).all(dim=1).sum()) / hit.shape[0]
     if by == "position":
         return hit.sum(0).double() / keep.sum(0).clamp_min(1)
     raise ValueError(f"by must be 'token', 'sequence' or 'position', got {by!r}")
