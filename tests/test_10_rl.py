@@ -147,24 +147,22 @@ def test_gtrxl_block_rejects_bad_arguments():
         GTrXLBlock(8, 2)(torch.randn(2, 3, 8), memory=torch.randn(1, 3, 8))
 
 
-def test_gated_deep_stack_keeps_gradients_where_post_ln_fades_M10_2():
-    """F10.1's measurement in small: through 24 Post-LN layers the gradient reaching the input is a
-    fraction of what a GRU-gated reordered stack passes (b_g = 2), at initialisation, over 3 seeds."""
-    ratios = []
+def test_gradient_reaching_the_input_through_24_layers_M10_2():
+    """F10.1's measurement in small, with the same fixed read-out gradient at the top of every stack, at
+    initialisation, over 3 seeds: the reordered (Pre-LN) stack delivers more of it to the input than the
+    Post-LN stack, and the b_g = 2 gated stack the least: each of its 48 gates starts with z ≈ σ(−2) ≈ 0.12 and
+    carries only (1 − z) of the stream, so the block is near the identity but the gradient shrinks gate by
+    gate. (A loss read after a final LayerNorm, such as ||h||², would give ≈ 0 gradient whatever the stack.)"""
     for seed in range(3):
-        torch.manual_seed(seed)
-        x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(seed))
-        norms = {}
-        for name, kw in (("post", dict(gate="residual", reorder=False)), ("gated", dict(gate="gru"))):
-            blocks = [GTrXLBlock(16, 2, **kw) for _ in range(24)]
-            inp = x.clone().requires_grad_()
-            h = inp
-            for blk in blocks:
-                h = blk(h)
-            h.pow(2).mean().backward()
-            norms[name] = float(inp.grad.norm())
-        ratios.append(norms["post"] / norms["gated"])
-    assert max(ratios) < 0.5, ratios
+        gen = torch.Generator().manual_seed(seed)
+        x, w = torch.randn(2, 8, 16, generator=gen), torch.randn(2, 8, 16, generator=gen)
+        reach = {}
+        for name, kw in (("post", dict(gate="residual", reorder=False)), ("pre", dict(gate="residual", relu=False)),
+                         ("gated", dict(gate="gru"))):
+            torch.manual_seed(seed)
+            states, _ = layer_gradient_norms([GTrXLBlock(16, 2, **kw) for _ in range(24)], x, w)
+            reach[name] = float(states[0] / states[-1])
+        assert reach["pre"] > reach["post"] > reach["gated"], (seed, reach)
 
 
 def test_layer_gradient_norms_equal_a_manual_backward_M10_2(gen):
