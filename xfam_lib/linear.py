@@ -313,16 +313,20 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int):
     b = gc.cumsum(-2)                                                # log decay from chunk start to i
     b_end = b[..., -1:, :]                                           # (..., n, 1, d_k): whole-chunk decay
     q_in = qc * b.exp()                                              # query reads decayed from the chunk start
+    chunk_decay = b_end.exp()                                        # (..., n, 1, d_k)
     if bool((b_end >= -_SAFE_LOG_DECAY).all()):
         above = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
-        intra = (q_in @ (kc * (-b).exp()).transpose(-2, -1)).masked_fill_(above, 0.0) @ vc
-    elif chunk_size > _SUB_CHUNK:
-        zero = qc.new_zeros(qc.shape[:-2] + state.shape[-2:])       # (..., n, d_k, d_v)
-        intra, _ = _gla_chunk(qc, kc, vc, gc, zero, _SUB_CHUNK)      # (..., n, C, d_v)
+        k_back = kc * (-b).exp()                                     # key j brought back to the chunk start
+        intra = (q_in @ k_back.transpose(-2, -1)).masked_fill_(above, 0.0) @ vc
+        k_out = k_back * chunk_decay                                 # key j decayed to the chunk end
     else:
-        intra = _decay_scores(qc, kc, gc) @ vc                       # (..., n, C, d_v)
-    k_out = kc * (b_end - b).exp()                                   # key j decayed to the chunk end
-    chunk_decay = b_end.transpose(-2, -1).exp()                      # (..., n, d_k, 1)
+        if chunk_size > _SUB_CHUNK:
+            zero = qc.new_zeros(qc.shape[:-2] + state.shape[-2:])   # (..., n, d_k, d_v)
+            intra, _ = _gla_chunk(qc, kc, vc, gc, zero, _SUB_CHUNK)  # (..., n, C, d_v)
+        else:
+            intra = _decay_scores(qc, kc, gc) @ vc                   # (..., n, C, d_v)
+        k_out = kc * (b_end - b).exp()
+    chunk_decay = chunk_decay.transpose(-2, -1)                      # (..., n, d_k, 1)
     entering = []
     for c in range(qc.shape[-3]):
         entering.append(state)
