@@ -39,13 +39,9 @@ def reverse_task(batch: int, length: int, vocab: int, *, generator: torch.Genera
     return src, src.flip(-1)
 
 
-def associative_recall(batch: int, n_pairs: int, vocab: int, *, generator: torch.Generator | None = None,
-                       device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Key-value recall: ``seq (batch, 2*n_pairs + 1)`` = ``k1 v1 k2 v2 ... kn vn q``, target ``(batch,)``.
-
-    Keys within a sequence are distinct; the query ``q`` is one of them and the target is its value.
-    Keys are drawn from the lower half of the data tokens and values from the upper half.
-    """
+def _key_value_pairs(batch: int, n_pairs: int, vocab: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``keys, values (batch, n_pairs)``: keys distinct within a row, from the lower half of the data
+    tokens; values from the upper half."""
     check_positive_int("n_pairs", n_pairs)
     n_data = vocab - N_SPECIAL
     n_keys = n_data // 2
@@ -53,6 +49,17 @@ def associative_recall(batch: int, n_pairs: int, vocab: int, *, generator: torch
         raise ValueError(f"vocab={vocab} leaves {n_keys} key tokens, fewer than n_pairs={n_pairs}")
     keys = torch.stack([torch.randperm(n_keys, generator=generator)[:n_pairs] for _ in range(batch)]) + N_SPECIAL
     values = torch.randint(N_SPECIAL + n_keys, vocab, (batch, n_pairs), generator=generator)
+    return keys, values
+
+
+def associative_recall(batch: int, n_pairs: int, vocab: int, *, generator: torch.Generator | None = None,
+                       device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key-value recall: ``seq (batch, 2*n_pairs + 1)`` = ``k1 v1 k2 v2 ... kn vn q``, target ``(batch,)``.
+
+    Keys within a sequence are distinct; the query ``q`` is one of them and the target is its value.
+    Keys are drawn from the lower half of the data tokens and values from the upper half.
+    """
+    keys, values = _key_value_pairs(batch, n_pairs, vocab, generator)
     which = torch.randint(0, n_pairs, (batch,), generator=generator)
     rows = torch.arange(batch)
     seq = torch.stack([keys, values], dim=-1).flatten(1)
@@ -383,12 +390,7 @@ def mqar(batch: int, n_pairs: int, vocab: int, *, n_queries: int | None = None,
     n_queries = n_pairs if n_queries is None else check_positive_int("n_queries", n_queries)
     if n_queries > n_pairs:
         raise ValueError(f"n_queries must be <= n_pairs, got n_queries={n_queries}, n_pairs={n_pairs}")
-    n_data = vocab - N_SPECIAL
-    n_keys = n_data // 2
-    if n_keys < n_pairs or n_data - n_keys < 1:
-        raise ValueError(f"vocab={vocab} leaves {n_keys} key tokens, fewer than n_pairs={n_pairs}")
-    keys = torch.stack([torch.randperm(n_keys, generator=generator)[:n_pairs] for _ in range(batch)]) + N_SPECIAL
-    values = torch.randint(N_SPECIAL + n_keys, vocab, (batch, n_pairs), generator=generator)
+    keys, values = _key_value_pairs(batch, n_pairs, vocab, generator)
     which = torch.stack([torch.randperm(n_pairs, generator=generator)[:n_queries] for _ in range(batch)])
     context = torch.stack([keys, values], dim=-1).flatten(1)
     inputs = torch.cat([context, keys.gather(1, which)], dim=1)
