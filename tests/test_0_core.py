@@ -171,3 +171,18 @@ def test_interactive_figure_draws_default_then_redraws(monkeypatch):
     assert isinstance(box, ipywidgets.VBox)
     box.children[1].value = "b"
     assert calls[-1][1] == "b" and len(calls) == 2
+
+
+def test_assert_close_compares_complex_tensors_by_modulus():
+    """A difference only in the imaginary part fails (it used to be cast away); complex64 gets fp32's
+    tolerance on |a - e|, complex128 fp64's; rounding noise passes."""
+    z = torch.complex(torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64))
+    assert_close(z, z + 1e-12j)
+    with pytest.raises(AssertionError, match="differ by more"):
+        assert_close(z + 1e-3j, z)
+    z32 = z.to(torch.complex64)
+    assert_close(z32 * (1 + 1e-7), z32)
+    with pytest.raises(AssertionError, match="atol=1.0e-05"):
+        assert_close(z32 + 1e-3j, z32)
+    with pytest.raises(AssertionError, match="NaN where expected is finite"):
+        assert_close(z.where(torch.arange(6) != 2, complex("nan+0j")), z)

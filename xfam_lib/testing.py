@@ -39,6 +39,8 @@ DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (1e-5, 1e-5),
     torch.float16: (1e-3, 1e-2),
     torch.bfloat16: (1e-2, 2e-2),
+    torch.complex128: (1e-10, 1e-8),      # complex: the tolerance of its parts' dtype, on the modulus |a - e|
+    torch.complex64: (1e-5, 1e-5),
 }
 
 
@@ -57,7 +59,8 @@ def _first(where: torch.Tensor) -> tuple[int, ...]:
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | None = None,
                  rtol: float | None = None, name: str = "tensor") -> None:
-    """Raise ``AssertionError`` unless ``actual`` matches ``expected`` element by element.
+    """Raise ``AssertionError`` unless ``actual`` matches ``expected`` element by element
+    (complex tensors: by the modulus of the difference, never by their real parts alone).
 
     Checks, in order: both are tensors of the same shape (dtypes may differ); non-finite values
     agree position by position (NaN where ``expected`` is NaN, ``+inf``/``-inf`` with the same
@@ -77,8 +80,9 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | 
     rtol = d_rtol if rtol is None else rtol
     if not (atol >= 0 and rtol >= 0):
         raise ValueError(f"atol and rtol must be >= 0, got atol={atol}, rtol={rtol}")
-    a = actual.detach().to("cpu", torch.float64)
-    e = expected.detach().to("cpu", torch.float64)
+    work = torch.complex128 if actual.is_complex() or expected.is_complex() else torch.float64
+    a = actual.detach().to("cpu", work)
+    e = expected.detach().to("cpu", work)
     where = f"shape {tuple(a.shape)}, dtypes {actual.dtype}/{expected.dtype}"
 
     finite = torch.isfinite(e)
@@ -95,8 +99,9 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | 
                                  f"{idx}: got {a[idx].item():.6g}, expected {e[idx].item():.6g}; {where}")
     if a.numel() == 0:
         return
-    diff = (a - e).abs().where(finite, torch.zeros_like(a))
-    allowed = atol + rtol * e.abs().where(finite, torch.zeros_like(e))
+    diff = (a - e).abs()
+    diff = diff.where(finite, torch.zeros_like(diff))
+    allowed = atol + rtol * e.abs().where(finite, torch.zeros_like(diff))
     bad = diff > allowed
     if not bad.any():
         return
