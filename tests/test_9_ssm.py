@@ -513,6 +513,37 @@ def test_selective_scan_strong_decay_does_not_overflow_M9_9(dtype, gen):
             assert_close(a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_selective_scan_factored_chunks_shrink_to_fit_M9_9(dtype, gen):
+    """mode="chunk" computes each chunk in closed form, x_t = E_t (x_in + sum_s δ_s B_s u_s / E_s) with
+    E_t = exp(A · sum of δ), only while every factor stays within the dtype's limit (e^±40 in fp32): a
+    chunk of 64 whose decay reaches |A| Σδ = 2 · 64 is halved until it fits (to 16 in fp32; fp64's limit, 300,
+    keeps 64), and the result
+    still ≡ the step loop in outputs, last state and gradients; decays no chunk of 4 can hold go to the
+    loop inside chunks (None)."""
+    from xfam_lib.ssm import _FACTOR_LIMIT, _factored_chunk_size
+    batch, dim, L, N = 2, 3, 150, 4
+    u = randn(batch, dim, L, gen=gen, dtype=dtype, requires_grad=True)
+    delta = torch.full((batch, dim, L), 1.0, dtype=dtype).requires_grad_()
+    A = -torch.linspace(0.5, 2.0, N, dtype=F64).repeat(dim, 1).to(dtype).requires_grad_()
+    B, C = (randn(batch, N, L, gen=gen, dtype=dtype, requires_grad=True) for _ in range(2))
+    limit = _FACTOR_LIMIT[dtype]
+    want = next(s for s in (64, 32, 16, 8, 4) if 2.0 * s <= limit)
+    assert _factored_chunk_size(delta.detach(), A.detach(), 64) == want
+    assert _factored_chunk_size(delta.detach() * 1e3, A.detach(), 64) is None
+    params = (u, delta, A, B, C)
+    cot = randn(batch, dim, L, gen=gen, dtype=dtype)
+    outs = {}
+    for mode in ("sequential", "chunk"):
+        y, x = selective_scan(*params, return_last_state=True, mode=mode, chunk_size=64)
+        outs[mode] = (y, x, torch.autograd.grad((y * cot).sum() + x.sum(), params))
+    (y0, x0, g0), (y1, x1, g1) = outs["sequential"], outs["chunk"]
+    assert_close(y1, y0)
+    assert_close(x1, x0)
+    for i, (a, b) in enumerate(zip(g1, g0)):
+        assert_close(a, b, name=f"grad {i}")
+
+
 @pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mode", ["sequential", "chunk"])
 def test_selective_scan_half_inputs_compute_in_fp32_M9_8(half, mode, gen):

@@ -466,10 +466,13 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     input, through ``last_state`` too.
 
     ``mode``: ``"sequential"`` is the step loop (the reference); ``"chunk"`` splits ``L`` into
-    chunks of ``chunk_size`` (the last may be shorter), runs the loop inside all chunks at once,
-    then carries the state from chunk to chunk (``chunk_size + L / chunk_size`` sequential steps,
-    decays only as exponents ``<= 0`` for ``A <= 0``: no overflow); ``"scan"`` runs the Hillis–Steele
-    `associative_scan` over ``L``. All modes agree in outputs, last state and gradients.
+    chunks of ``chunk_size`` (the last may be shorter), computes every chunk from a zero state at
+    once, then carries the state from chunk to chunk (``L / chunk_size`` sequential steps). Inside a
+    chunk the recurrence is unrolled in closed form (a cumulative sum, `_factored_chunk_scan`) when
+    its decay factors fit the dtype, with the chunk halved (down to 4) until they do; decays too strong
+    for that run the step loop inside all chunks at once instead (`_chunk_scan`, ``chunk_size + L /
+    chunk_size`` steps, exponents ``<= 0`` for ``A <= 0``: no overflow). ``"scan"`` runs the
+    Hillis–Steele `associative_scan` over ``L``. All modes agree in outputs, last state and gradients.
     """
     _check_scan_inputs(u, delta, A, B, C, D, z, delta_bias)
     if mode not in _SCAN_MODES:
@@ -484,24 +487,28 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     if delta_softplus:
         dt = F.softplus(dt)
     uw = u.to(work)
-    log_decay = dt[..., None] * A.to(work)[:, None, :]                   # (batch, d, L, N): delta_t A
-    drive = (dt * uw)[..., None] * _bc_layout(B.to(work), dim)           # (batch, d, L, N): delta_t B_t u_t
+    A_w, B_l = A.to(work), _bc_layout(B.to(work), dim)                  # B_l (batch|1, d|1, L|1, N)
     C_l = _bc_layout(C.to(work), dim).expand(-1, -1, length, -1)         # (batch|1, d|1, L, N)
-
-    if mode == "sequential":
-        decay = torch.exp(log_decay)
-        x = torch.zeros(batch, dim, A.shape[1], dtype=work, device=u.device)
-        ys = []
-        for t in range(length):
-            x = decay[:, :, t] * x + drive[:, :, t]
-            ys.append((x * C_l[:, :, t]).sum(-1))
-        y = torch.stack(ys, dim=-1)
-    elif mode == "scan":
-        states = associative_scan(torch.exp(log_decay).transpose(-1, -2), drive.transpose(-1, -2))  # (b, d, N, L)
-        y = (states.transpose(-1, -2) * C_l).sum(-1)
-        x = states[..., -1]
+    factored = _factored_chunk_size(dt, A_w, chunk_size) if mode == "chunk" else None
+    if factored is not None:
+        y, x = _factored_chunk_scan(dt, dt * uw, A_w, B_l, C_l, factored)
     else:
-        y, x = _chunk_scan(log_decay, drive, C_l, chunk_size)
+        log_decay = dt[..., None] * A_w[:, None, :]                      # (batch, d, L, N): delta_t A
+        drive = (dt * uw)[..., None] * B_l                               # (batch, d, L, N): delta_t B_t u_t
+        if mode == "sequential":
+            decay = torch.exp(log_decay)
+            x = torch.zeros(batch, dim, A.shape[1], dtype=work, device=u.device)
+            ys = []
+            for t in range(length):
+                x = decay[:, :, t] * x + drive[:, :, t]
+                ys.append((x * C_l[:, :, t]).sum(-1))
+            y = torch.stack(ys, dim=-1)
+        elif mode == "scan":
+            states = associative_scan(torch.exp(log_decay).transpose(-1, -2), drive.transpose(-1, -2))  # (b, d, N, L)
+            y = (states.transpose(-1, -2) * C_l).sum(-1)
+            x = states[..., -1]
+        else:
+            y, x = _chunk_scan(log_decay, drive, C_l, chunk_size)
 
     if D is not None:
         y = y + uw * D.to(work)[:, None]
@@ -545,6 +552,64 @@ def _chunk_scan(log_decay, drive, C_l, chunk_size):
     states = local + torch.exp(log_decay.cumsum(3)) * entering[:, :, :, None]    # 3.
     states = states.reshape(batch, dim, n_chunks * chunk_size, n)[:, :, :length]
     return (states * C_l).sum(-1), x
+
+
+_FACTOR_LIMIT = {torch.float32: 40.0, torch.float64: 300.0}   # largest |log| of a decay factor, per dtype
+_MIN_FACTORED_CHUNK = 4
+
+
+def _factored_chunk_size(dt: torch.Tensor, A: torch.Tensor, chunk_size: int) -> int | None:
+    """The chunk size for `_factored_chunk_scan`, or None when even short chunks decay too strongly.
+
+    ``chunk_size`` (capped at ``L``), halved while some chunk's decay ``|A| * (sum of delta from the
+    chunk start)`` exceeds the dtype's limit (40 in fp32: factors within ``e^±40``, their squares in
+    the backward pass still normal numbers), down to 4. NaN inputs never pass the check.
+    """
+    length = dt.shape[-1]
+    size, smallest = min(chunk_size, length), min(_MIN_FACTORED_CHUNK, length)
+    a_max = A.abs().amax(-1)[:, None]                                    # (d, 1)
+    while size >= smallest:
+        cum = F.pad(dt, (0, -length % size)).reshape(*dt.shape[:-1], -1, size).cumsum(-1)
+        if bool((cum.abs().amax(-1) * a_max).amax() <= _FACTOR_LIMIT[dt.dtype]):
+            return size
+        size //= 2
+    return None
+
+
+def _factored_chunk_scan(dt, dtu, A, B_l, C_l, size: int):
+    """Chunked scan with every chunk in closed form, ``(y, last_state)``.
+
+    ``dt, dtu (batch, d, L)`` (``delta`` and ``delta * u``), ``A (d, N)``, ``B_l, C_l`` in the layout of
+    `_bc_layout`. Inside a chunk, with ``c_t`` the sum of ``delta`` from the chunk start through ``t``
+    and ``E_t = exp(A c_t)``, the recurrence unrolls to
+
+        x_t = E_t * (x_in + sum_{s <= t} delta_s B_s u_s / E_s),
+
+    a cumulative sum, so all chunks are computed at once; only the states entering the chunks are
+    carried in a loop of ``L / size`` steps. `_factored_chunk_size` keeps every ``E_t`` within the
+    dtype's range. A ragged last chunk is padded with ``delta = 0`` and zero drive.
+    """
+    batch, dim, length = dt.shape
+    n, pad = A.shape[-1], -length % size
+    n_chunks = (length + pad) // size
+
+    def chunked(t):                                                      # (..., L, *rest) -> (..., c, size, *rest)
+        t = F.pad(t, (0, 0) * (t.dim() - 3) + (0, pad))
+        return t.reshape(*t.shape[:2], n_chunks, size, *t.shape[3:])
+
+    # Two full-size buffers, updated in place (a fresh (b, d, L, N) result costs more than the
+    # arithmetic on it); autograd keeps what its backward needs, so gradients are unchanged.
+    E = (chunked(dt).cumsum(-1)[..., None] * A[:, None, None, :]).exp_()  # (b, d, c, size, N)
+    B_c = B_l[:, :, None] if B_l.shape[2] == 1 else chunked(B_l)
+    G = (B_c * chunked(dtu)[..., None]).div_(E).cumsum_(3)
+    E_end, G_end = E[:, :, :, -1], G[:, :, :, -1].clone()                # (b, d, c, N)
+    x, entering = dt.new_zeros(batch, dim, n), []
+    for c in range(n_chunks):
+        entering.append(x)
+        x = E_end[:, :, c] * (x + G_end[:, :, c])
+    states = G.add_(torch.stack(entering, dim=2)[:, :, :, None]).mul_(E)
+    states = states.reshape(batch, dim, n_chunks * size, n)[:, :, :length]
+    return states.mul_(C_l).sum(-1), x
 
 
 # ----------------------------------------------------------------------------- S4D (M9.5)
