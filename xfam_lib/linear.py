@@ -197,9 +197,10 @@ def _linear_chunk(fq, fk, v, causal: bool, chunk_size: int):
     """Chunkwise form: a masked product inside each chunk (intra), plus the state entering it (inter).
 
     Causal: the normaliser rides along as one extra value column of ones (``phi(q)^T z`` is
-    ``phi(q)^T S`` for ``v = 1``), so numerator and denominator come out of the same products, and
-    the state is carried from chunk to chunk in a loop of ``L / C`` steps (``S`` before chunk ``c``
-    holds chunks ``0 .. c-1``). Non-causal: every query reads the full sums, accumulated chunk by chunk.
+    ``phi(q)^T S`` for ``v = 1``), so numerator and denominator come out of the same products. The
+    state entering chunk ``c`` is the sum of the chunks before it, ``S_c = sum_{c' < c} K_{c'}^T V_{c'}``:
+    one batched product for all chunks and an exclusive cumulative sum over them, no loop.
+    Non-causal: every query reads the full sums, accumulated chunk by chunk.
     """
     length = fq.shape[-2]
     chunk_size = min(chunk_size, length)                             # one chunk never needs padding past L
@@ -212,11 +213,9 @@ def _linear_chunk(fq, fk, v, causal: bool, chunk_size: int):
     qc, kc, vc = (_to_chunks(x, chunk_size) for x in (fq, fk, v1))  # (..., n, C, d)
     above = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=fq.device).triu(1)
     out = (qc @ kc.transpose(-2, -1)).masked_fill_(above, 0.0) @ vc  # intra: (..., n, C, d_v + 1)
-    S = fq.new_zeros(fq.shape[:-2] + (fq.shape[-1], vc.shape[-1]))   # (..., d_phi, d_v + 1)
-    for c in range(qc.shape[-3]):
-        out[..., c, :, :] += qc[..., c, :, :] @ S
-        S = S + kc[..., c, :, :].transpose(-2, -1) @ vc[..., c, :, :]
-    out = _from_chunks(out, length)
+    kv = kc[..., :-1, :, :].transpose(-2, -1) @ vc[..., :-1, :, :]   # chunks 0 .. n-2: (..., n-1, d_phi, d_v + 1)
+    S = F.pad(kv, (0, 0, 0, 0, 1, 0)).cumsum_(-3)                    # S_c = sum of chunks before c
+    out = _from_chunks(out + qc @ S, length)
     return out[..., :-1], out[..., -1]
 
 
@@ -332,7 +331,7 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int):
         entering.append(state)
         state = chunk_decay[..., c, :, :] * state + k_out[..., c, :, :].transpose(-2, -1) @ vc[..., c, :, :]
     inter = q_in @ torch.stack(entering, dim=-3)                     # (..., n, C, d_v)
-    return _from_chunks(intra + inter, length), state
+    return _from_chunks(inter.add_(intra), length), state
 
 
 def _resolve_scale(scale, d_k: int) -> float:
