@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from xfam_lib.arena import FAMILIES, ArenaLM, count_params, decode_state_bytes, train_arena, width_for_budget
+from xfam_lib.arena import (FAMILIES, ArenaLM, count_params, decode_state_bytes, init_decode_state, mixer_step,
+                            train_arena, width_for_budget)
 from xfam_lib.linear import gated_linear_attention
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +51,40 @@ def test_decode_state_bytes_match_the_library_states_M11_6():
     block = mamba.mixers[0]
     numel = sum(t.numel() for t in block.init_state(1))
     assert decode_state_bytes(mamba, 99) == (2 * numel + 16) * 4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mixer_step_reproduces_the_full_sequence_M11_7(family):
+    """Decoding token by token with `mixer_step` gives every position of the mixer's full-sequence output
+    (chunked, FFT or scanned forms), and the state it carries has the size `decode_state_bytes` counts:
+    fixed in the position for every family but softmax, whose KV cache holds every token."""
+    torch.manual_seed(0)
+    model = ArenaLM(family, 12, 16, 2, d_state=8, window=3, n_features=16, max_len=40, seed=3).double().eval()
+    mixer, L = model.mixers[1], 37                          # L not a multiple of the chunk size (32)
+    x = torch.randn(2, L, 16, dtype=torch.float64)
+    with torch.no_grad():
+        full = mixer(x)
+        state = init_decode_state(mixer, 2, L, dtype=torch.float64)
+        steps = []
+        for t in range(L):
+            y, state = mixer_step(mixer, x[:, t], state)
+            steps.append(y)
+    err = (torch.stack(steps, 1) - full).abs().max().item()
+    assert err < 1e-10, err
+    if family == "softmax":
+        assert state[1] == L
+        numel = 2 * state[0].k[:, :, :L].numel()
+    elif family == "sliding_window":
+        assert state[0].shape[-2] == model.window + 1
+        numel = sum(t.numel() for t in state)
+    elif family == "s4d":
+        numel = 2 * state.numel()                           # complex: two reals each
+    elif family == "mamba":
+        numel = sum(t.numel() for t in state)
+    else:
+        numel = state.numel()
+    per_sequence = numel // 2                               # batch 2
+    assert decode_state_bytes(model, L) == (2 * per_sequence + 16) * 4   # 2 layers, plus the token shift's vector
 
 
 def test_width_for_budget_is_the_closest_width_M11_6():

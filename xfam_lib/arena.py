@@ -15,6 +15,12 @@ from the mixer. Every mixer calls the library's own implementation:
 ``mamba``           `ssm.MambaBlock` (selective SSM)
 ==================  ====================================================================
 
+`init_decode_state` and `mixer_step` decode one token at a time through one mixer of an `ArenaLM`, each
+family in its step form: a KV cache (softmax), a cache of the last ``window + 1`` keys (sliding window),
+the library's recurrent `gated_linear_attention` (GLA; and, with gate 1 and a column of ones for the
+normaliser, linear attention and the Performer on their features), S4D's diagonal recurrence and
+`MambaBlock.step`.
+
 `train_arena` trains one model on a recall task and runs data-parallel under ``torchrun`` unchanged:
 when ``torch.distributed`` is initialised, every rank draws the same global batch, takes its own
 slice and DDP averages the gradients, so the loss curve equals the one-process run with the same
@@ -29,15 +35,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import scaled_dot_product_attention
-from .linear import gated_linear_attention, linear_attention, performer_attention
+from .attention import KVCache, scaled_dot_product_attention
+from .linear import (elu_feature_map, gated_linear_attention, linear_attention, orthogonal_gaussian,
+                     performer_attention, positive_random_features)
 from .sparse import sliding_window_attention
 from .ssm import MambaBlock, S4DLayer
 from .tasks import PAD, induction_heads, mqar, selective_copying
 from .utils import check_positive_int
 
-__all__ = ["FAMILIES", "ArenaLM", "count_params", "decode_state_bytes", "width_for_budget", "TASKS",
-           "train_arena"]
+__all__ = ["FAMILIES", "ArenaLM", "count_params", "decode_state_bytes", "init_decode_state", "mixer_step",
+           "width_for_budget", "TASKS", "train_arena"]
 
 FAMILIES = ("softmax", "sliding_window", "linear", "gla", "performer", "s4d", "mamba")
 _ATTENTION_LIKE = ("softmax", "sliding_window", "linear", "gla", "performer")
@@ -153,6 +160,81 @@ def decode_state_bytes(model: ArenaLM, context: int, *, bytes_per_value: int = 4
         block = model.mixers[0]
         per_layer["mamba"] = block.d_inner * (block.d_state + block.d_conv)
     return (len(model.mixers) * per_layer[model.family] + d) * bytes_per_value
+
+
+def init_decode_state(mixer: nn.Module, batch: int, max_len: int, *, device=None, dtype=torch.float32):
+    """The empty decoding state of one mixer of an `ArenaLM` (``model.mixers[i]``), for `mixer_step`.
+
+    softmax: ``(KVCache of max_len positions, 0 filled)``; sliding window: the cached keys and values,
+    ``(B, H, 0, d_h)`` each, at most ``window + 1`` kept; linear and Performer: ``S (B, H, d_phi, d_h + 1)``
+    (the last column is the normaliser ``z``); GLA: ``S (B, H, d_h, d_h)``; S4D: the complex diagonal state
+    ``(B, d, N/2)`` (complex64, or complex128 for float64); Mamba: `MambaBlock.init_state`. Sizes as
+    `decode_state_bytes` counts them.
+    """
+    batch, max_len = check_positive_int("batch", batch), check_positive_int("max_len", max_len)
+    if isinstance(mixer, MambaBlock):
+        return mixer.init_state(batch, device=device, dtype=dtype)
+    if isinstance(mixer, S4DLayer):
+        cplx = torch.complex128 if dtype == torch.float64 else torch.complex64
+        return torch.zeros(batch, mixer.d_model, mixer.ssm.A_im.shape[1], dtype=cplx, device=device)
+    if not isinstance(mixer, _AttentionMixer):
+        raise TypeError(f"mixer must be one of an ArenaLM's mixers, got {type(mixer).__name__}")
+    H, dh = mixer.n_heads, mixer.out.in_features // mixer.n_heads
+    if mixer.family == "softmax":
+        return KVCache(batch, max_len, H, dh, dtype=dtype, device=device), 0
+    if mixer.family == "sliding_window":
+        return tuple(torch.zeros(batch, H, 0, dh, device=device, dtype=dtype) for _ in range(2))
+    d_phi = {"linear": dh, "gla": dh, "performer": mixer.n_features}[mixer.family]
+    return torch.zeros(batch, H, d_phi, dh + (mixer.family != "gla"), device=device, dtype=dtype)
+
+
+def _linear_step(fq, fk, v, S, eps: float):
+    """Linear attention's recurrent step on features: GLA's recurrence with gate 1, ``v`` extended by a 1."""
+    v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
+    out, S = gated_linear_attention(fq, fk, v1, torch.zeros_like(fk), scale=1.0, initial_state=S,
+                                    return_final_state=True)
+    return out[..., :-1] / (out[..., -1:] + eps), S
+
+
+def mixer_step(mixer: nn.Module, x_t: torch.Tensor, state):
+    """One token ``x_t (B, d)`` through one mixer of an `ArenaLM`: ``(y_t (B, d), new state)``.
+
+    Equals ``mixer(x)[:, t]`` for the ``t``-th token after ``t`` earlier steps from `init_decode_state`
+    (tests/test_11_arena.py). Every state but the KV cache has a size fixed in ``t``; the KV cache is
+    written in place.
+    """
+    if isinstance(mixer, MambaBlock):
+        return mixer.step(x_t, state)
+    if isinstance(mixer, S4DLayer):                     # h = exp(dt A) h + u;  y = 2 Re <C dt phi1(dt A), h> + D u
+        ssm = mixer.ssm
+        A = torch.complex(-torch.exp(ssm.log_A_re), ssm.A_im)
+        dtA = torch.exp(ssm.log_dt)[:, None] * A
+        C_bar = torch.view_as_complex(ssm.C) * (torch.exp(dtA) - 1) / A         # C * B_bar (ZOH), B = 1
+        state = torch.exp(dtA) * state + x_t[..., None]
+        y = 2 * (C_bar * state).sum(-1).real + mixer.D * x_t
+        return F.glu(mixer.out(F.gelu(y)), dim=-1), state
+    B, D = x_t.shape
+    q, k, v = (t.view(B, mixer.n_heads, 1, D // mixer.n_heads) for t in mixer.qkv(x_t).chunk(3, dim=-1))
+    if mixer.family == "softmax":
+        cache, pos = state
+        K, V = cache.update(k, v, pos)
+        y, state = scaled_dot_product_attention(q, K, V), (cache, pos + 1)
+    elif mixer.family == "sliding_window":
+        K, V = (torch.cat([c, n], dim=-2)[..., -(mixer.window + 1):, :] for c, n in zip(state, (k, v)))
+        y, state = scaled_dot_product_attention(q, K, V), (K, V)
+    elif mixer.family == "linear":
+        y, state = _linear_step(elu_feature_map(q), elu_feature_map(k), v, state, 1e-6)
+    elif mixer.family == "gla":
+        log_g = (F.logsigmoid(mixer.gate(x_t)) / _GLA_TEMPERATURE).view(B, mixer.n_heads, 1, -1)
+        y, state = gated_linear_attention(q, k, v, log_g, initial_state=state, return_final_state=True)
+    else:                                       # FAVOR+ features of q, k scaled by d_h^(-1/4), as performer_attention
+        W = getattr(mixer, "_decode_W", None)          # the W performer_attention draws from the seed, drawn once
+        if W is None or W.device != q.device or W.dtype != q.dtype:
+            W = mixer._decode_W = orthogonal_gaussian(mixer.n_features, q.shape[-1], mixer.seed).to(q)
+        root = q.shape[-1] ** -0.25
+        y, state = _linear_step(positive_random_features(q * root, W), positive_random_features(k * root, W), v,
+                                state, 0.0)
+    return mixer.out(y.reshape(B, D)), state
 
 
 def width_for_budget(family: str, budget: int, *, vocab: int, n_layers: int = 2, n_heads: int = 2,
