@@ -114,7 +114,7 @@ def _sweep(tmp_path, name, launcher):
     out = tmp_path / f"{name}.json"
     cmd = launcher + [str(ROOT / "benchmarks" / "arena_sweep.py"), "--families", "gla", "--sizes", "4",
                       "--seeds", "0", "--steps", "6", "--batch", "8", "--budget", "6000", "--device", "cpu",
-                      "--out", str(out)]
+                      "--no-throughput", "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=300,
                    env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     return json.loads(out.read_text())
@@ -131,6 +131,37 @@ def test_torchrun_two_processes_equal_one_process_M11_7(tmp_path):
     assert len(a) == len(b) == 6
     assert all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)), (a, b)
     assert a[-1] != a[0]
+
+
+def test_sweep_throughput_only_merges_and_checks_M11_7(tmp_path):
+    """``--throughput-only`` keeps the saved runs, adds throughput ratios to softmax at each length (softmax's
+    own is 1), and the ``checks`` entries: the wall time (runs + throughput) against 20 minutes, ok only for a
+    complete sweep under it, and one ratio per family and length."""
+    out = tmp_path / "arena.json"
+    saved = {"config": {"task": "mqar", "sizes": [4], "budget": 6000, "lr": 3e-3}, "complete": True,
+             "runs": [{"family": "gla", "size": 4, "seed": 0, "accuracy": 0.5}], "wall_time_s": 1500.0,
+             "processes": 1, "threads": 1}
+    out.write_text(json.dumps(saved))
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "arena_sweep.py"), "--throughput-only", "--families",
+                    "softmax", "gla", "--lengths", "16", "32", "--throughput-rounds", "2", "--out", str(out)],
+                   check=True, cwd=ROOT, capture_output=True, timeout=300,
+                   env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    result = json.loads(out.read_text())
+    assert result["runs"] == saved["runs"] and result["wall_time_s"] == 1500.0
+    tp = result["throughput"]
+    assert tp["lengths"] == [16, 32] and tp["ratio_to_softmax"]["softmax"] == [1.0, 1.0]
+    assert all(0 < r < float("inf") for r in tp["ratio_to_softmax"]["gla"])
+    assert tp["widths"]["gla"] == width_for_budget("gla", 6000, vocab=18, max_len=12)   # the saved runs' settings
+    wall, ratios = result["checks"]
+    assert wall["value"] == round((1500.0 + tp["wall_time_s"]) / 60, 2) and wall["ok"] is False   # 25 min > 20
+    assert ratios["value"] == 4 and ratios["ok"] is True
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import arena_sweep
+    finally:
+        sys.path.pop(0)
+    assert arena_sweep.checks({"wall_time_s": 600.0, "complete": True})[0]["ok"] is True
+    assert arena_sweep.checks({"wall_time_s": 600.0, "complete": False})[0]["ok"] is False
 
 
 def test_copy_tasks_are_seeded_and_exact_M11_1():
