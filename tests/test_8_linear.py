@@ -306,6 +306,32 @@ def test_gla_state_carries_across_calls_M8_13(mode, gen):
     assert_close(end_state, full_state)
 
 
+@pytest.mark.parametrize("mode", GLA_MODES)
+def test_gla_decoding_one_token_at_a_time_equals_the_full_call_M8_13(mode, gen):
+    """Decoding: one call per position, each from the previous call's final state (starting from a random
+    S_0), concatenated ≡ one call over the whole sequence in the same mode ≡ the step loop, outputs and final
+    state. Chunk mode pads every one-token call to its chunk (C = 8 > 1) and splits the full call into
+    chunks that do not divide L = 19."""
+    shape, d_k, d_v = (2, 3, 19), 4, 5
+    q, k, v = randn(*shape, d_k, gen=gen), randn(*shape, d_k, gen=gen), randn(*shape, d_v, gen=gen)
+    log_g = log_gates(*shape, d_k, gen=gen, low=-2.0, high=0.0)
+    s0 = randn(2, 3, d_k, d_v, gen=gen)
+    full, full_state = gated_linear_attention(q, k, v, log_g, mode=mode, chunk_size=8, initial_state=s0,
+                                              return_final_state=True)
+    state, steps = s0, []
+    for t in range(shape[-1]):
+        one = slice(t, t + 1)
+        out, state = gated_linear_attention(q[..., one, :], k[..., one, :], v[..., one, :], log_g[..., one, :],
+                                            mode=mode, chunk_size=8, initial_state=state, return_final_state=True)
+        steps.append(out)
+    decoded = torch.cat(steps, dim=-2)
+    assert_close(decoded, full, name=f"{mode}: decoded one token at a time vs the full call")
+    assert_close(state, full_state, name=f"{mode}: final state after decoding vs the full call")
+    want_out, want_state = ref_gla(q, k, v, log_g, d_k ** -0.5, s0)
+    assert_close(decoded, want_out, name=f"{mode}: decoded vs the step loop")
+    assert_close(state, want_state, name=f"{mode}: decoded final state vs the step loop")
+
+
 def test_gla_without_decay_is_causal_linear_attention_M8_13(gen):
     """log g = 0 and scale = 1: GLA is unnormalised causal linear attention with identity features."""
     q, k, v = randn(2, 2, 19, 4, gen=gen), randn(2, 2, 19, 4, gen=gen), randn(2, 2, 19, 3, gen=gen)
@@ -409,6 +435,24 @@ def test_retention_scalar_gamma_and_no_decay_M8_15(gen):
     for mode in MODES:
         assert_close(retention(q, k, v, 0.8, mode=mode, chunk_size=5), ((q @ k.transpose(-2, -1)) * D) @ v)
         assert_close(retention(q, k, v, 1.0, mode=mode, chunk_size=5), torch.tril(q @ k.transpose(-2, -1)) @ v)
+
+
+@pytest.mark.parametrize("mode", GLA_MODES)
+def test_retention_decoded_one_token_at_a_time_M8_15(mode, gen):
+    """`retention` takes no state (its signature has none), so a decoder carries the state of the equivalent
+    `gated_linear_attention` call (log g = log γ on every key dim, scale 1): one token per call from the previous
+    call's final state ≡ retention over the whole sequence, one γ per head."""
+    q, k, v = randn(2, 3, 17, 4, gen=gen), randn(2, 3, 17, 4, gen=gen), randn(2, 3, 17, 5, gen=gen)
+    gamma = torch.tensor((0.5, 0.9, 0.99), dtype=F64)
+    log_g = gamma.log()[:, None, None].expand(2, 3, 1, 4)             # one token's constant gate per head
+    state, steps = None, []
+    for t in range(17):
+        one = slice(t, t + 1)
+        out, state = gated_linear_attention(q[..., one, :], k[..., one, :], v[..., one, :], log_g, mode=mode,
+                                            chunk_size=8, scale=1.0, initial_state=state, return_final_state=True)
+        steps.append(out)
+    assert_close(torch.cat(steps, dim=-2), retention(q, k, v, gamma, mode=mode, chunk_size=8),
+                 name=f"{mode}: retention decoded one token at a time vs the full call")
 
 
 # ----------------------------------------------------------------------------- bad input
