@@ -33,6 +33,7 @@ from xfam_lib.adaptive import (
     state_saturation,
 )
 from xfam_lib.attention import scaled_dot_product_attention
+from xfam_lib.bench import largest_intermediate
 from xfam_lib.positional import ut_coordinate_encoding
 from xfam_lib.transformer import count_params
 from xfam_lib.testing import assert_close
@@ -200,6 +201,41 @@ def test_adaptive_span_gets_gradient_from_loss_and_l1_penalty_M6_4(gen):
     layer.zero_grad()
     layer.span_penalty().backward()
     assert (layer.span_logit.grad > 0).all()                        # the L1 term pushes every span down
+
+
+@pytest.mark.parametrize("length", [1, 5, 12, 37])
+@pytest.mark.parametrize("logits", [[-2.0, -0.5, 0.5, 2.0], [20.0] * 4, [-20.0] * 4])
+def test_adaptive_span_trimmed_equals_full_M6_4(gen, length, logits):
+    """forward(trim=True) scores only the last ceil(max z + R) keys in blocks; it equals the full
+    (L, L) form in outputs and in gradients w.r.t. the input and the spans, for short, mixed and
+    sequence-covering spans and for lengths that are not multiples of the block."""
+    torch.manual_seed(0)
+    layer = AdaptiveSpanAttention(16, 4, max_span=8, ramp=3).double()
+    with torch.no_grad():
+        layer.span_logit.copy_(torch.tensor(logits))
+    x = randn(2, length, 16, gen=gen, requires_grad=True)
+    full, trimmed = layer(x), layer(x, trim=True)
+    assert_close(trimmed, full)
+    cot = randn(*full.shape, gen=gen)
+    g_full = torch.autograd.grad(full, [x, layer.span_logit], cot)
+    g_trim = torch.autograd.grad(trimmed, [x, layer.span_logit], cot)
+    for a, b in zip(g_trim, g_full):
+        assert_close(a, b)
+
+
+def test_adaptive_span_trimmed_scores_only_the_band_M6_4(gen):
+    """With short spans the trimmed form's largest tensor grows like L, the full form's like L²."""
+    layer = AdaptiveSpanAttention(16, 2, max_span=64, ramp=4, init_span=4.0)
+    sizes = {}
+    with torch.no_grad():
+        for L in (256, 512):
+            x = randn(1, L, 16, gen=gen, dtype=torch.float32)
+            sizes[L] = (largest_intermediate(lambda: layer(x)), largest_intermediate(lambda: layer(x, trim=True)))
+    assert sizes[512][0] >= 3.9 * sizes[256][0]                      # (L, L): x4 when L doubles
+    assert sizes[512][1] <= 2.1 * sizes[256][1]                      # (L, 2W): x2
+    assert sizes[512][1] * 8 < sizes[512][0]
+    with pytest.raises(ValueError, match="return_weights"):
+        layer(x, return_weights=True, trim=True)
 
 
 # ============================================================================= M6.6, M6.7, M6.8 Depth-Adaptive Transformer

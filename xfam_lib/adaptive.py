@@ -147,6 +147,12 @@ class AdaptiveSpanAttention(nn.Module):
     ``a_ij = m_z(i - j) exp(s_ij) / sum_r m_z(i - r) exp(s_ir)`` over keys ``j <= i`` (`soft_span_mask`).
     ``span_penalty()`` is the mean span, the L1 term added to the loss. ``forward(x (B, L, d_model),
     return_weights=False) -> (B, L, d_model)`` (and the weights ``(B, H, L, L)``).
+
+    ``forward(x, trim=True)`` is the efficient form: every key at distance ``z_h + R`` or more has
+    mask 0, so only the last ``W = ceil(max_h z_h + R)`` keys of each query are scored (the paper
+    keeps only as much memory as the longest span needs). Queries are cut into blocks of ``W`` rows
+    and each block scores its own block and the one before, ``(B, H, L/W, W, 2W)`` scores instead of
+    ``(B, H, L, L)``; the output equals the full form (outputs and gradients).
     """
 
     def __init__(self, d_model: int, n_heads: int, max_span: int, ramp: int = 32, *, init_span: float | None = None):
@@ -175,13 +181,18 @@ class AdaptiveSpanAttention(nn.Module):
         """The L1 penalty on the spans: their mean over heads (multiply by the loss coefficient)."""
         return self.spans.mean()
 
-    def forward(self, x: torch.Tensor, return_weights: bool = False):
+    def forward(self, x: torch.Tensor, return_weights: bool = False, *, trim: bool = False):
         check_tensor("x", x, rank=3, floating=True)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, L, d_model={self.d_model}), got {tuple(x.shape)}")
+        if trim and return_weights:
+            raise ValueError("trim=True never forms the (L, L) weights: call it with return_weights=False")
         b, length, _ = x.shape
         heads = lambda t: t.view(b, length, self.n_heads, self.d_head).transpose(1, 2)
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        if trim:
+            out = self._trimmed(q, k, v)
+            return self.out_proj(out.transpose(1, 2).reshape(b, length, self.d_model))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_head)
         allowed = causal_mask(length, device=x.device)
         pos = torch.arange(length, device=x.device)
@@ -191,6 +202,29 @@ class AdaptiveSpanAttention(nn.Module):
         weights = weights / weights.sum(-1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
         out = self.out_proj((weights @ v).transpose(1, 2).reshape(b, length, self.d_model))
         return (out, weights) if return_weights else out
+
+    def _trimmed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Blocked form of the forward pass over the last ``W = ceil(max z + R)`` keys: ``(B, H, L, d_head)``."""
+        length = q.shape[-2]
+        width = max(1, min(length, math.ceil(self.spans.max().item() + self.ramp)))   # keys beyond get mask 0
+        n_blocks = -(-length // width)
+        pad = n_blocks * width - length
+        blocks = lambda t, left: F.pad(t, (0, 0, left, pad)).unflatten(-2, (-1, width))
+        qb = blocks(q, 0)                                                          # (B, H, n, W, d)
+        kb, vb = blocks(k, width), blocks(v, width)                                # one block of zeros in front
+        kw = torch.cat([kb[:, :, :-1], kb[:, :, 1:]], dim=-2)                      # (B, H, n, 2W, d): previous + own
+        vw = torch.cat([vb[:, :, :-1], vb[:, :, 1:]], dim=-2)
+        scores = (qb @ kw.transpose(-2, -1)) / math.sqrt(self.d_head)             # (B, H, n, W, 2W)
+        blk = torch.arange(n_blocks, device=q.device)[:, None, None]
+        row = torch.arange(width, device=q.device)[None, :, None]
+        col = torch.arange(2 * width, device=q.device)[None, None, :]
+        dist = width + row - col                                                   # i - j for query row, key col
+        key_pos = (blk - 1) * width + col
+        allowed = (dist >= 0) & (key_pos >= 0) & (key_pos < length)                # (n, W, 2W)
+        soft = soft_span_mask(dist.to(q.dtype), self.spans[:, None, None, None], self.ramp) * allowed
+        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) * soft
+        weights = weights / weights.sum(-1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
+        return (weights @ vw).flatten(2, 3)[:, :, :length]
 
 
 # ============================================================================= Depth-Adaptive Transformer (M6.6–M6.8)
