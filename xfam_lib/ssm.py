@@ -488,11 +488,12 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
         dt = F.softplus(dt)
     uw = u.to(work)
     A_w, B_l = A.to(work), _bc_layout(B.to(work), dim)                  # B_l (batch|1, d|1, L|1, N)
-    C_l = _bc_layout(C.to(work), dim).expand(-1, -1, length, -1)         # (batch|1, d|1, L, N)
+    C_l = _bc_layout(C.to(work), dim)                                    # (batch|1, d|1, L|1, N)
     factored = _factored_chunk_size(dt, A_w, chunk_size) if mode == "chunk" else None
     if factored is not None:
         y, x = _factored_chunk_scan(dt, dt * uw, A_w, B_l, C_l, factored)
     else:
+        C_l = C_l.expand(-1, -1, length, -1)
         log_decay = dt[..., None] * A_w[:, None, :]                      # (batch, d, L, N): delta_t A
         drive = (dt * uw)[..., None] * B_l                               # (batch, d, L, N): delta_t B_t u_t
         if mode == "sequential":
@@ -556,6 +557,7 @@ def _chunk_scan(log_decay, drive, C_l, chunk_size):
 
 _FACTOR_LIMIT = {torch.float32: 40.0, torch.float64: 300.0}   # largest |log| of a decay factor, per dtype
 _MIN_FACTORED_CHUNK = 4
+_GROUP_ELEMENTS = 2 ** 19                                     # state entries per group of chunks (2 MiB in fp32)
 
 
 def _factored_chunk_size(dt: torch.Tensor, A: torch.Tensor, chunk_size: int) -> int | None:
@@ -585,31 +587,39 @@ def _factored_chunk_scan(dt, dtu, A, B_l, C_l, size: int):
 
         x_t = E_t * (x_in + sum_{s <= t} delta_s B_s u_s / E_s),
 
-    a cumulative sum, so all chunks are computed at once; only the states entering the chunks are
-    carried in a loop of ``L / size`` steps. `_factored_chunk_size` keeps every ``E_t`` within the
-    dtype's range. A ragged last chunk is padded with ``delta = 0`` and zero drive.
+    a cumulative sum; only the states entering the chunks are carried in a loop of ``L / size``
+    steps. `_factored_chunk_size` keeps every ``E_t`` within the dtype's range. The chunks are
+    taken in groups of about ``_GROUP_ELEMENTS`` state entries, so that the group's ``(b, d, ., size,
+    N)`` buffers stay in the CPU's cache while they are updated in place (memory traffic, not
+    arithmetic, bounds this loop). A ragged last chunk is padded with ``delta = 0`` and zero drive.
     """
     batch, dim, length = dt.shape
     n, pad = A.shape[-1], -length % size
     n_chunks = (length + pad) // size
 
-    def chunked(t):                                                      # (..., L, *rest) -> (..., c, size, *rest)
+    def chunked(t):                                                      # (..., L|1, *rest) -> (..., c|1, size|1, *rest)
+        if t.shape[2] == 1:
+            return t[:, :, None]
         t = F.pad(t, (0, 0) * (t.dim() - 3) + (0, pad))
         return t.reshape(*t.shape[:2], n_chunks, size, *t.shape[3:])
 
-    # Two full-size buffers, updated in place (a fresh (b, d, L, N) result costs more than the
-    # arithmetic on it); autograd keeps what its backward needs, so gradients are unchanged.
-    E = (chunked(dt).cumsum(-1)[..., None] * A[:, None, None, :]).exp_()  # (b, d, c, size, N)
-    B_c = B_l[:, :, None] if B_l.shape[2] == 1 else chunked(B_l)
-    G = (B_c * chunked(dtu)[..., None]).div_(E).cumsum_(3)
-    E_end, G_end = E[:, :, :, -1], G[:, :, :, -1].clone()                # (b, d, c, N)
-    x, entering = dt.new_zeros(batch, dim, n), []
-    for c in range(n_chunks):
-        entering.append(x)
-        x = E_end[:, :, c] * (x + G_end[:, :, c])
-    states = G.add_(torch.stack(entering, dim=2)[:, :, :, None]).mul_(E)
-    states = states.reshape(batch, dim, n_chunks * size, n)[:, :, :length]
-    return states.mul_(C_l).sum(-1), x
+    cum, dtu_c = chunked(dt).cumsum(-1)[..., None], chunked(dtu)[..., None]     # (b, d, c, size, 1)
+    B_c, C_c = chunked(B_l), chunked(C_l)                                # (b|1, d|1, c|1, size|1, N)
+    group = max(1, _GROUP_ELEMENTS // (batch * dim * size * n))
+    x, ys = dt.new_zeros(batch, dim, n), []
+    for c0 in range(0, n_chunks, group):
+        part = slice(c0, c0 + group)
+        B_g, C_g = (t if t.shape[2] == 1 else t[:, :, part] for t in (B_c, C_c))
+        E = (cum[:, :, part] * A[:, None, None, :]).exp_()              # (b, d, g, size, N)
+        G = (B_g * dtu_c[:, :, part]).div_(E).cumsum_(3)
+        E_end, G_end = E[:, :, :, -1], G[:, :, :, -1].clone()            # (b, d, g, N)
+        entering = []
+        for c in range(E.shape[2]):
+            entering.append(x)
+            x = E_end[:, :, c] * (x + G_end[:, :, c])
+        G.add_(torch.stack(entering, dim=2)[:, :, :, None]).mul_(E)      # the states x_t
+        ys.append(G.mul_(C_g).sum(-1))                                   # (b, d, g, size)
+    return torch.cat(ys, dim=2).reshape(batch, dim, -1)[:, :, :length], x
 
 
 # ----------------------------------------------------------------------------- S4D (M9.5)
