@@ -289,11 +289,13 @@ def test_mamba_step_gradients_equal_forward_gradients_M9_10(gen):
 
 
 def test_mamba_block_is_causal_and_state_is_constant_size_M9_10(gen):
-    """M9.10: causal by perturbation; the decoding state has the same size after 1 and after 50 tokens."""
+    """M9.10: causal by perturbation (up to fp64 rounding: the chunked scan centres each chunk's decay
+    factors on the middle of that chunk's sums of δ, so later inputs of a chunk change how its earlier
+    outputs are rounded, never what they are); the decoding state has the same size after 1 and after 50 tokens."""
     torch.manual_seed(0)
     block = MambaBlock(8, d_state=4).double()
     x = randn(2, 50, 8, gen=gen)
-    check_causal(block, x, dim=1)
+    check_causal(block, x, dim=1, atol=1e-12)
     sizes = [sum(s.numel() for s in block(x[:, :n], return_state=True)[1]) for n in (1, 50)]
     assert sizes[0] == sizes[1]
     with pytest.raises(ValueError, match=r"x_t must be \(batch, d_model\)"):

@@ -514,11 +514,13 @@ def test_selective_scan_strong_decay_does_not_overflow_M9_9(dtype, gen):
 
 
 @pytest.mark.parametrize("bc", ["fixed", "variable", "grouped"])
-def test_selective_scan_factored_chunks_in_groups_M9_9(bc, gen, monkeypatch):
-    """The closed-form chunks are processed in cache-sized groups of chunks; with groups of one chunk
-    (and a ragged last chunk) the result still ≡ the step loop, gradients included (fp64)."""
+@pytest.mark.parametrize("group_elements", [1, 240])
+def test_selective_scan_factored_chunks_in_groups_M9_9(bc, group_elements, gen, monkeypatch):
+    """The closed-form chunks are processed in cache-sized groups of chunks: with groups of one chunk, or of
+    two chunks with a shorter last group (5 chunks of 5, the last one ragged), the result still ≡ the step
+    loop, gradients included (fp64); without autograd (group buffers reused) too."""
     import xfam_lib.ssm as ssm
-    monkeypatch.setattr(ssm, "_GROUP_ELEMENTS", 1)
+    monkeypatch.setattr(ssm, "_GROUP_ELEMENTS", group_elements)       # 240 // (2 * 4 * 5 * 3) = 2 chunks
     u, delta, A, B, C = scan_inputs(gen, L=23, bc=bc, delta_scale=0.5)
     params = (u, delta, A, B, C)
     assert ssm._factored_chunk_size(delta.detach(), A.detach(), 5) == 5
@@ -529,14 +531,18 @@ def test_selective_scan_factored_chunks_in_groups_M9_9(bc, gen, monkeypatch):
     assert_close(outs[1][1], outs[0][1])
     for i, (a, b) in enumerate(zip(grads_[1], grads_[0])):
         assert_close(a, b, name=f"grad {i}")
+    with torch.no_grad():
+        y, x = selective_scan(*params, return_last_state=True, mode="chunk", chunk_size=5)
+    assert_close(y, outs[0][0].detach())
+    assert_close(x, outs[0][1].detach())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_selective_scan_factored_chunks_shrink_to_fit_M9_9(dtype, gen):
-    """mode="chunk" computes each chunk in closed form, x_t = E_t (x_in + sum_s δ_s B_s u_s / E_s) with
-    E_t = exp(A · sum of δ), only while every factor stays within the dtype's limit (e^±40 in fp32): a
-    chunk of 64 whose decay reaches |A| Σδ = 2 · 64 is halved until it fits (to 16 in fp32; fp64's limit, 300,
-    keeps 64), and the result
+    """mode="chunk" computes each chunk in closed form, x_t = E_t (e^{Am} x_in + sum_s δ_s B_s u_s / E_s) with
+    E_t = exp(A (c_t - m)) centred on the middle m of the chunk's sums of δ, only while every factor stays
+    within the dtype's limit (e^±40 in fp32, e^±80 uncentred): a chunk of 64 whose decay reaches
+    |A| Σδ = 2 · 64 is halved until it fits (to 32 in fp32; fp64's limit, 300, keeps 64), and the result
     still ≡ the step loop in outputs, last state and gradients; decays no chunk of 4 can hold go to the
     loop inside chunks (None)."""
     from xfam_lib.ssm import _FACTOR_LIMIT, _factored_chunk_size
@@ -546,7 +552,8 @@ def test_selective_scan_factored_chunks_shrink_to_fit_M9_9(dtype, gen):
     A = -torch.linspace(0.5, 2.0, N, dtype=F64).repeat(dim, 1).to(dtype).requires_grad_()
     B, C = (randn(batch, N, L, gen=gen, dtype=dtype, requires_grad=True) for _ in range(2))
     limit = _FACTOR_LIMIT[dtype]
-    want = next(s for s in (64, 32, 16, 8, 4) if 2.0 * s <= limit)
+    # sums of delta = 1 run 1 .. s in a chunk of s: centred exponents reach |A| (s - 1) / 2, plain ones |A| s
+    want = next(s for s in (64, 32, 16, 8, 4) if 2.0 * (s - 1) / 2 <= limit and 2.0 * s <= 2 * limit)
     assert _factored_chunk_size(delta.detach(), A.detach(), 64) == want
     assert _factored_chunk_size(delta.detach() * 1e3, A.detach(), 64) is None
     params = (u, delta, A, B, C)

@@ -560,19 +560,26 @@ _MIN_FACTORED_CHUNK = 4
 _GROUP_ELEMENTS = 2 ** 19                                     # state entries per group of chunks (2 MiB in fp32)
 
 
+def _chunk_cumsum(dt: torch.Tensor, size: int) -> torch.Tensor:
+    """``(..., L)`` → ``(..., ceil(L / size), size)``: sums of ``dt`` from each chunk's start (padded with 0)."""
+    return F.pad(dt, (0, -dt.shape[-1] % size)).unflatten(-1, (-1, size)).cumsum(-1)
+
+
 def _factored_chunk_size(dt: torch.Tensor, A: torch.Tensor, chunk_size: int) -> int | None:
     """The chunk size for `_factored_chunk_scan`, or None when even short chunks decay too strongly.
 
-    ``chunk_size`` (capped at ``L``), halved while some chunk's decay ``|A| * (sum of delta from the
-    chunk start)`` exceeds the dtype's limit (40 in fp32: factors within ``e^±40``, their squares in
-    the backward pass still normal numbers), down to 4. NaN inputs never pass the check.
+    ``chunk_size`` (capped at ``L``), halved while some chunk breaks the dtype's limit S (40 in fp32),
+    down to 4. With ``c_t`` the sums of delta from the chunk start and ``m`` the middle of their range,
+    every factor ``exp(A (c_t - m))`` must lie within ``e^±S`` (their squares in the backward pass stay
+    normal numbers) and every ``exp(A c_t)`` within ``e^±2S``. NaN inputs never pass the check.
     """
     length = dt.shape[-1]
     size, smallest = min(chunk_size, length), min(_MIN_FACTORED_CHUNK, length)
-    a_max = A.abs().amax(-1)[:, None]                                    # (d, 1)
+    a_max, limit = A.abs().amax(-1)[:, None], _FACTOR_LIMIT[dt.dtype]   # (d, 1)
     while size >= smallest:
-        cum = F.pad(dt, (0, -length % size)).reshape(*dt.shape[:-1], -1, size).cumsum(-1)
-        if bool((cum.abs().amax(-1) * a_max).amax() <= _FACTOR_LIMIT[dt.dtype]):
+        cum = _chunk_cumsum(dt, size)
+        high, low = cum.amax(-1), cum.amin(-1)
+        if bool(((high - low) / 2 * a_max).amax() <= limit) and bool((cum.abs().amax(-1) * a_max).amax() <= 2 * limit):
             return size
         size //= 2
     return None
@@ -582,44 +589,63 @@ def _factored_chunk_scan(dt, dtu, A, B_l, C_l, size: int):
     """Chunked scan with every chunk in closed form, ``(y, last_state)``.
 
     ``dt, dtu (batch, d, L)`` (``delta`` and ``delta * u``), ``A (d, N)``, ``B_l, C_l`` in the layout of
-    `_bc_layout`. Inside a chunk, with ``c_t`` the sum of ``delta`` from the chunk start through ``t``
-    and ``E_t = exp(A c_t)``, the recurrence unrolls to
+    `_bc_layout`. Inside a chunk, with ``c_t`` the sum of ``delta`` from the chunk start through ``t``,
+    ``m`` the middle of the range of ``c`` and ``E_t = exp(A (c_t - m))``, the recurrence unrolls to
 
-        x_t = E_t * (x_in + sum_{s <= t} delta_s B_s u_s / E_s),
+        x_t = E_t * (exp(A m) x_in + sum_{s <= t} delta_s B_s u_s / E_s),
 
     a cumulative sum; only the states entering the chunks are carried in a loop of ``L / size``
-    steps. `_factored_chunk_size` keeps every ``E_t`` within the dtype's range. The chunks are
-    taken in groups of about ``_GROUP_ELEMENTS`` state entries, so that the group's ``(b, d, ., size,
-    N)`` buffers stay in the CPU's cache while they are updated in place (memory traffic, not
-    arithmetic, bounds this loop). A ragged last chunk is padded with ``delta = 0`` and zero drive.
+    steps (``x_out = exp(A c_end) x_in + E_end * sum``). Centring on ``m`` halves the largest exponent,
+    so `_factored_chunk_size` allows chunks twice as long. Memory traffic, not arithmetic, bounds this on
+    a CPU, so the work is laid out for it: states as ``(b, d, N, chunk, step)``, time innermost, so
+    that every broadcast runs along long contiguous rows, and the chunks taken in groups of about
+    ``_GROUP_ELEMENTS`` state entries whose buffers stay in cache while they are updated in place. A
+    ragged last chunk is padded with ``delta = 0`` and zero drive.
     """
     batch, dim, length = dt.shape
     n, pad = A.shape[-1], -length % size
     n_chunks = (length + pad) // size
 
-    def chunked(t):                                                      # (..., L|1, *rest) -> (..., c|1, size|1, *rest)
-        if t.shape[2] == 1:
-            return t[:, :, None]
-        t = F.pad(t, (0, 0) * (t.dim() - 3) + (0, pad))
-        return t.reshape(*t.shape[:2], n_chunks, size, *t.shape[3:])
+    def chunked(t):                                                      # (..., L|1) -> (..., c|1, size|1)
+        if t.shape[-1] == 1:
+            return t[..., None]
+        return (F.pad(t, (0, pad)) if pad else t).unflatten(-1, (n_chunks, size))
 
-    cum, dtu_c = chunked(dt).cumsum(-1)[..., None], chunked(dtu)[..., None]     # (b, d, c, size, 1)
-    B_c, C_c = chunked(B_l), chunked(C_l)                                # (b|1, d|1, c|1, size|1, N)
+    cum = _chunk_cumsum(dt, size)                                        # (b, d, c, size)
+    middle = (cum.amax(-1, keepdim=True) + cum.amin(-1, keepdim=True)) / 2
+    rate = A[:, :, None] * math.log2(math.e)                             # (d, N, 1); exp(y) = 2^(y log2 e), and
+    chunk_decay = torch.exp2(cum[:, :, None, :, -1] * rate)              # exp2 is cheaper. (b, d, N, c): exp(A c_end)
+    entry_scale = torch.exp2(middle[:, :, None, :, 0] * rate)            # (b, d, N, c): exp(A m)
+    centred, dtu_c = (cum - middle)[:, :, None], chunked(dtu)[:, :, None]   # (b, d, 1, c, size)
+    B_c, C_c = (chunked(t.transpose(-1, -2)) for t in (B_l, C_l))      # (b|1, d|1, N, c|1, size|1)
     group = max(1, _GROUP_ELEMENTS // (batch * dim * size * n))
+    # Without autograd the two group buffers are allocated once and reused: a fresh megabyte costs its
+    # page faults, more than the arithmetic on it. With autograd every group keeps its own.
+    reuse = not (torch.is_grad_enabled() and any(t.requires_grad for t in (dt, dtu, A, B_l, C_l)))
+    buffers = [dt.new_empty(batch, dim, n, group, size) for _ in range(2)] if reuse else None
+    y = dt.new_empty(batch, dim, n_chunks, size) if reuse else None
+
     x, ys = dt.new_zeros(batch, dim, n), []
     for c0 in range(0, n_chunks, group):
         part = slice(c0, c0 + group)
-        B_g, C_g = (t if t.shape[2] == 1 else t[:, :, part] for t in (B_c, C_c))
-        E = (cum[:, :, part] * A[:, None, None, :]).exp_()              # (b, d, g, size, N)
-        G = (B_g * dtu_c[:, :, part]).div_(E).cumsum_(3)
-        E_end, G_end = E[:, :, :, -1], G[:, :, :, -1].clone()            # (b, d, g, N)
-        entering = []
-        for c in range(E.shape[2]):
+        full = reuse and min(group, n_chunks - c0) == group
+
+        def product(a, b, i):                                            # a * b, into buffer i when reusing
+            return torch.mul(a, b, out=buffers[i]) if full else a * b
+
+        B_g, C_g = (t if t.shape[-2] == 1 else t[..., part, :] for t in (B_c, C_c))
+        E = product(centred[..., part, :], rate[..., None], 0).exp2_()   # (b, d, N, g, size)
+        G = product(B_g, dtu_c[..., part, :], 1).div_(E).cumsum_(-1)     # sum_{s <= t} delta_s B_s u_s / E_s
+        own = E[..., -1] * G[..., -1].clone()                            # (b, d, N, g): end state from x_in = 0
+        decay, entering = chunk_decay[..., part], []
+        for c in range(E.shape[-2]):
             entering.append(x)
-            x = E_end[:, :, c] * (x + G_end[:, :, c])
-        G.add_(torch.stack(entering, dim=2)[:, :, :, None]).mul_(E)      # the states x_t
-        ys.append(G.mul_(C_g).sum(-1))                                   # (b, d, g, size)
-    return torch.cat(ys, dim=2).reshape(batch, dim, -1)[:, :, :length], x
+            x = torch.addcmul(own[..., c], decay[..., c], x)
+        x_in = torch.stack(entering, dim=-1) * entry_scale[..., part]
+        states = G.add_(x_in[..., None]).mul_(E).mul_(C_g)
+        ys.append(torch.sum(states, 2, out=y[:, :, part]) if reuse else states.sum(2))   # (b, d, g, size)
+    y = y if reuse else torch.cat(ys, dim=2)
+    return y.reshape(batch, dim, -1)[:, :, :length], x
 
 
 # ----------------------------------------------------------------------------- S4D (M9.5)
