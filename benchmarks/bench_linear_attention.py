@@ -48,7 +48,7 @@ def main():
     q, k, v = inputs(L_MAIN)
     assert_close(chunk(q, k, v), recurrent(q, k, v), name="chunk vs recurrent at L=4096")
     times_main = interleaved_times({"chunk": lambda: chunk(q, k, v), "recurrent": lambda: recurrent(q, k, v)},
-                                   repeats=3, warmup=0)
+                                   repeats=5, warmup=0)
     vs_recurrent = paired_ratio(times_main, "recurrent", "chunk")
 
     sweep = {}

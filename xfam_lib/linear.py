@@ -56,7 +56,7 @@ _GLA_MODES = ("recurrent", "parallel", "chunk")
 # ----------------------------------------------------------------------------- feature maps
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     """``elu(x) + 1`` (Katharopoulos et al. 2020): ``x + 1`` for ``x > 0``, ``exp(x)`` otherwise; always > 0."""
-    return F.elu(x) + 1.0
+    return F.elu(x).add_(1.0)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -213,9 +213,10 @@ def _linear_chunk(fq, fk, v, causal: bool, chunk_size: int):
     qc, kc, vc = (_to_chunks(x, chunk_size) for x in (fq, fk, v1))  # (..., n, C, d)
     above = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=fq.device).triu(1)
     out = (qc @ kc.transpose(-2, -1)).masked_fill_(above, 0.0) @ vc  # intra: (..., n, C, d_v + 1)
-    kv = kc[..., :-1, :, :].transpose(-2, -1) @ vc[..., :-1, :, :]   # chunks 0 .. n-2: (..., n-1, d_phi, d_v + 1)
-    S = F.pad(kv, (0, 0, 0, 0, 1, 0)).cumsum_(-3)                    # S_c = sum of chunks before c
-    out = _from_chunks(out + qc @ S, length)
+    S = torch.roll((kc.transpose(-2, -1) @ vc).cumsum_(-3), 1, dims=-3)   # (..., n, d_phi, d_v + 1): S_{c+1} at c
+    S[..., 0, :, :] = 0.0                                            # S_c = sum of the chunks before c
+    out.flatten(0, -3).baddbmm_(qc.flatten(0, -3), S.flatten(0, -3))  # + inter, in place
+    out = _from_chunks(out, length)
     return out[..., :-1], out[..., -1]
 
 
@@ -311,11 +312,12 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int):
     qc, kc, vc, gc = (_to_chunks(x, chunk_size) for x in (q, k, v, log_g))   # (..., n, C, d)
     b = gc.cumsum(-2)                                                # log decay from chunk start to i
     b_end = b[..., -1:, :]                                           # (..., n, 1, d_k): whole-chunk decay
-    q_in = qc * b.exp()                                              # query reads decayed from the chunk start
+    decayed = b.exp()                                                # exp(b_i) <= 1
+    q_in = qc * decayed                                              # query reads decayed from the chunk start
     chunk_decay = b_end.exp()                                        # (..., n, 1, d_k)
     if bool((b_end >= -_SAFE_LOG_DECAY).all()):
         above = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
-        k_back = kc * (-b).exp()                                     # key j brought back to the chunk start
+        k_back = kc / decayed                                        # key j brought back to the chunk start
         intra = (q_in @ k_back.transpose(-2, -1)).masked_fill_(above, 0.0) @ vc
         k_out = k_back * chunk_decay                                 # key j decayed to the chunk end
     else:
@@ -326,11 +328,11 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int):
             intra = _decay_scores(qc, kc, gc) @ vc                   # (..., n, C, d_v)
         k_out = kc * (b_end - b).exp()
     chunk_decay = chunk_decay.transpose(-2, -1)                      # (..., n, d_k, 1)
-    entering = []
-    for c in range(qc.shape[-3]):
-        entering.append(state)
-        state = chunk_decay[..., c, :, :] * state + k_out[..., c, :, :].transpose(-2, -1) @ vc[..., c, :, :]
-    inter = q_in @ torch.stack(entering, dim=-3)                     # (..., n, C, d_v)
+    states = k_out.transpose(-2, -1) @ vc                            # (..., n, d_k, d_v): each chunk's own state
+    for c in range(qc.shape[-3]):                                    # elementwise only: decay, then add
+        entering, state = state, torch.addcmul(states[..., c, :, :], chunk_decay[..., c, :, :], state)
+        states[..., c, :, :] = entering                              # slot c, used, now holds the state entering c
+    inter = q_in @ states                                            # (..., n, C, d_v)
     return _from_chunks(inter.add_(intra), length), state
 
 
@@ -365,9 +367,9 @@ def gated_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo
     _check_mode(mode, _GLA_MODES)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     scale = _resolve_scale(scale, q.shape[-1])
-    ok = torch.isfinite(log_g) & (log_g <= 0)
-    if not bool(ok.all()):
-        bad = log_g.detach()[~ok]
+    low, high = torch.aminmax(log_g.detach())                        # one pass; NaN makes both NaN
+    if not (bool(low > float("-inf")) and bool(high <= 0)):
+        bad = log_g.detach()[~(torch.isfinite(log_g) & (log_g <= 0))]
         raise ValueError(f"log_g must be finite and <= 0 (log forget gates), got {bad.numel()} bad entries "
                          f"(e.g. {bad[0].item():.4g}) in log_g of shape {tuple(log_g.shape)}")
     in_dtype = q.dtype
