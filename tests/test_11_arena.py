@@ -16,6 +16,7 @@ import torch
 from xfam_lib.arena import (FAMILIES, ArenaLM, count_params, decode_state_bytes, init_decode_state, mixer_step,
                             train_arena, width_for_budget)
 from xfam_lib.linear import gated_linear_attention
+from xfam_lib.tasks import PAD, mqar
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,6 +109,22 @@ def test_softmax_learns_small_mqar_M11_2():
     """One seed, 150 steps: softmax attention recalls 4 pairs far above chance (1 / 9 values)."""
     result = train_arena("softmax", "mqar", 4, steps=150, batch=32, d_model=32, seed=0)
     assert result["accuracy"] > 0.6 and result["losses"][-1] < result["losses"][0] / 2, result["accuracy"]
+
+
+def test_train_arena_returns_the_trained_model_on_request_M11_1():
+    """``return_model=True`` adds the trained model (its accuracy is the reported one); the default result is
+    unchanged (no model, so it stays JSON-serialisable for the sweep)."""
+    kwargs = dict(steps=5, batch=8, d_model=16, n_layers=1, eval_batch=16, seed=3, window=2)
+    plain = train_arena("sliding_window", "mqar", 2, **kwargs)
+    result = train_arena("sliding_window", "mqar", 2, return_model=True, **kwargs)
+    assert "model" not in plain and plain["losses"] == result["losses"]
+    model = result["model"]
+    assert isinstance(model, ArenaLM) and not model.training and model.window == 2 and len(model.mixers) == 1
+    ids, targets = mqar(16, 2, 4 * 2 + 2, generator=torch.Generator().manual_seed(10_000 + 3))
+    with torch.no_grad():
+        pred = model(ids).argmax(-1)
+    keep = targets != PAD
+    assert ((pred == targets) & keep).sum().item() / keep.sum().item() == result["accuracy"]
 
 
 def _sweep(tmp_path, name, launcher):

@@ -271,7 +271,8 @@ def _rank_and_world() -> tuple[int, int]:
 
 def train_arena(family: str, task: str = "mqar", size: int = 8, *, vocab: int | None = None, d_model: int = 32,
                 n_layers: int = 2, steps: int = 200, batch: int = 32, lr: float = 3e-3, seed: int = 0,
-                eval_batch: int = 256, device: torch.device | str = "cpu", **model_kwargs) -> dict:
+                eval_batch: int = 256, device: torch.device | str = "cpu", return_model: bool = False,
+                **model_kwargs) -> dict:
     """Train an `ArenaLM` of ``family`` on ``task`` (a key of `TASKS`; ``size`` is the number of pairs
     for mqar, of data tokens for selective copying, the length for induction heads).
 
@@ -279,7 +280,8 @@ def train_arena(family: str, task: str = "mqar", size: int = 8, *, vocab: int | 
     answer positions. ``batch`` is the global batch: under ``torchrun`` each of the ``W`` ranks trains on
     its ``batch / W`` slice of the same global batch and DDP averages gradients. Returns ``{"accuracy"
     (fresh sequences, seed 10_000 + seed), "losses" (global mean per step), "params", "state_bytes"
-    (after the eval sequence length), "seq_len"}``.
+    (after the eval sequence length), "seq_len"}``, plus ``"model"`` (the trained `ArenaLM`, in eval mode)
+    when ``return_model`` is true.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
@@ -318,6 +320,9 @@ def train_arena(family: str, task: str = "mqar", size: int = 8, *, vocab: int | 
     with torch.no_grad():
         pred = model.eval()(ids).argmax(-1)
     keep = targets != PAD
-    return {"accuracy": ((pred == targets) & keep).sum().item() / keep.sum().item(), "losses": losses,
-            "params": count_params(model), "state_bytes": decode_state_bytes(model, ids.shape[1]),
-            "seq_len": ids.shape[1]}
+    result = {"accuracy": ((pred == targets) & keep).sum().item() / keep.sum().item(), "losses": losses,
+              "params": count_params(model), "state_bytes": decode_state_bytes(model, ids.shape[1]),
+              "seq_len": ids.shape[1]}
+    if return_model:
+        result["model"] = model
+    return result
