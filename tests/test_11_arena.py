@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from xfam_lib.arena import (FAMILIES, ArenaLM, count_params, decode_state_bytes, init_decode_state, mixer_step,
+from xfam_lib.arena import (BASELINES, FAMILIES, ArenaLM, count_params, decode_state_bytes, init_decode_state, mixer_step,
                             train_arena, width_for_budget)
 from xfam_lib.linear import gated_linear_attention
 from xfam_lib.tasks import PAD, mqar
@@ -21,7 +21,7 @@ from xfam_lib.tasks import PAD, mqar
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + BASELINES)
 def test_arena_model_is_causal_M11_6(family):
     """Changing token t changes no logit before t, and changes the logit at t."""
     torch.manual_seed(0)
@@ -54,7 +54,7 @@ def test_decode_state_bytes_match_the_library_states_M11_6():
     assert decode_state_bytes(mamba, 99) == (2 * numel + 16) * 4
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + BASELINES)
 def test_mixer_step_reproduces_the_full_sequence_M11_7(family):
     """Decoding token by token with `mixer_step` gives every position of the mixer's full-sequence output
     (chunked, FFT or scanned forms), and the state it carries has the size `decode_state_bytes` counts:
@@ -86,6 +86,17 @@ def test_mixer_step_reproduces_the_full_sequence_M11_7(family):
         numel = state.numel()
     per_sequence = numel // 2                               # batch 2
     assert decode_state_bytes(model, L) == (2 * per_sequence + 16) * 4   # 2 layers, plus the token shift's vector
+
+
+def test_gru_baseline_is_outside_the_families_M11_5():
+    """The GRU baseline is a `torch.nn.GRU` mixer with no learned positions, keeps one d-vector per layer, and is
+    not one of the sweep's `FAMILIES` (whose models are unchanged by it)."""
+    assert "gru" in BASELINES and "gru" not in FAMILIES
+    model = ArenaLM("gru", 12, 16, 2)
+    assert model.pos is None and all(isinstance(m.gru, torch.nn.GRU) and m.gru.hidden_size == 16 for m in model.mixers)
+    assert decode_state_bytes(model, 10) == decode_state_bytes(model, 1000) == (2 * 16 + 16) * 4
+    d = width_for_budget("gru", 20_000, vocab=18)
+    assert abs(count_params(ArenaLM("gru", 18, d)) - 20_000) < 0.1 * 20_000
 
 
 def test_width_for_budget_is_the_closest_width_M11_6():

@@ -15,6 +15,10 @@ from the mixer. Every mixer calls the library's own implementation:
 ``mamba``           `ssm.MambaBlock` (selective SSM)
 ==================  ====================================================================
 
+`BASELINES` are mixers outside the family that the chapter compares against; they are not in `FAMILIES`
+(the sweep's default): ``gru`` is `torch.nn.GRU` (M11.5), the recurrent network whose whole memory is
+one ``d``-vector per layer.
+
 `init_decode_state` and `mixer_step` decode one token at a time through one mixer of an `ArenaLM`, each
 family in its step form: a KV cache (softmax), a cache of the last ``window + 1`` keys (sliding window),
 the library's recurrent `gated_linear_attention` (GLA; and, with gate 1 and a column of ones for the
@@ -43,10 +47,11 @@ from .ssm import MambaBlock, S4DLayer
 from .tasks import PAD, induction_heads, mqar, selective_copying
 from .utils import check_positive_int
 
-__all__ = ["FAMILIES", "ArenaLM", "count_params", "decode_state_bytes", "init_decode_state", "mixer_step",
+__all__ = ["FAMILIES", "BASELINES", "ArenaLM", "count_params", "decode_state_bytes", "init_decode_state", "mixer_step",
            "width_for_budget", "TASKS", "train_arena"]
 
 FAMILIES = ("softmax", "sliding_window", "linear", "gla", "performer", "s4d", "mamba")
+BASELINES = ("gru",)
 _ATTENTION_LIKE = ("softmax", "sliding_window", "linear", "gla", "performer")
 _GLA_TEMPERATURE = 16.0          # the GLA paper's normaliser: log gates logsigmoid(x W) / 16
 
@@ -81,8 +86,19 @@ class _AttentionMixer(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
 
+class _GRUMixer(nn.Module):
+    """``(B, L, d) -> (B, L, d)``: a one-layer `torch.nn.GRU` with hidden size ``d`` (M11.5)."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.gru = nn.GRU(d_model, d_model, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gru(x)[0]
+
+
 class ArenaLM(nn.Module):
-    """A causal token model whose mixer is one of `FAMILIES`: ``ids (B, L) -> logits (B, L, vocab)``.
+    """A causal token model whose mixer is one of `FAMILIES` (or `BASELINES`): ``ids (B, L) -> logits (B, L, vocab)``.
 
     ``window`` (sliding_window: keys up to ``window`` back), ``n_features`` (performer) and ``d_state``
     (s4d, mamba) are the families' state knobs; the attention-like families use learned positions up to
@@ -92,8 +108,8 @@ class ArenaLM(nn.Module):
     def __init__(self, family: str, vocab: int, d_model: int = 32, n_layers: int = 2, *, n_heads: int = 2,
                  d_state: int = 16, window: int = 8, n_features: int = 32, max_len: int = 512, seed: int = 0):
         super().__init__()
-        if family not in FAMILIES:
-            raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+        if family not in FAMILIES + BASELINES:
+            raise ValueError(f"family must be one of {FAMILIES + BASELINES}, got {family!r}")
         for name, val in (("vocab", vocab), ("d_model", d_model), ("n_layers", n_layers), ("n_heads", n_heads),
                           ("d_state", d_state), ("window", window), ("n_features", n_features), ("max_len", max_len)):
             check_positive_int(name, val)
@@ -106,6 +122,8 @@ class ArenaLM(nn.Module):
             make = lambda i: _AttentionMixer(family, d_model, n_heads, window=window, n_features=n_features, seed=seed + i)
         elif family == "s4d":
             make = lambda i: S4DLayer(d_model, d_state)
+        elif family == "gru":
+            make = lambda i: _GRUMixer(d_model)
         else:
             make = lambda i: MambaBlock(d_model, d_state)
         self.mixers = nn.ModuleList(make(i) for i in range(n_layers))
@@ -143,7 +161,8 @@ def decode_state_bytes(model: ArenaLM, context: int, *, bytes_per_value: int = 4
     ``H (d_h^2 + d_h)``; GLA: ``H d_h^2``; performer: ``H (m d_h + m)`` with ``m = n_features``; s4d: the
     complex diagonal state, ``d N`` complex numbers (``N/2`` conjugate pairs, 2 reals each); mamba: the
     SSM state ``E N`` plus the convolution's window of inputs, ``E d_conv`` (the reference
-    implementation's buffer, as `MambaBlock.init_state`; ``d_conv - 1`` would suffice). Values
+    implementation's buffer, as `MambaBlock.init_state`; ``d_conv - 1`` would suffice); gru: the hidden
+state, ``d``. Values
     (not the learned parameters); the token shift adds one ``d``-vector to every family.
     """
     L, d, H = check_positive_int("context", context), model.d_model, model.n_heads
@@ -155,6 +174,7 @@ def decode_state_bytes(model: ArenaLM, context: int, *, bytes_per_value: int = 4
         "gla": H * dh * dh,
         "performer": H * (model.n_features * dh + model.n_features),
         "s4d": d * model.d_state,
+        "gru": d,
     }
     if model.family == "mamba":
         block = model.mixers[0]
@@ -168,12 +188,14 @@ def init_decode_state(mixer: nn.Module, batch: int, max_len: int, *, device=None
     softmax: ``(KVCache of max_len positions, 0 filled)``; sliding window: the cached keys and values,
     ``(B, H, 0, d_h)`` each, at most ``window + 1`` kept; linear and Performer: ``S (B, H, d_phi, d_h + 1)``
     (the last column is the normaliser ``z``); GLA: ``S (B, H, d_h, d_h)``; S4D: the complex diagonal state
-    ``(B, d, N/2)`` (complex64, or complex128 for float64); Mamba: `MambaBlock.init_state`. Sizes as
+    ``(B, d, N/2)`` (complex64, or complex128 for float64); Mamba: `MambaBlock.init_state`; GRU: ``h (B, d)``. Sizes as
     `decode_state_bytes` counts them.
     """
     batch, max_len = check_positive_int("batch", batch), check_positive_int("max_len", max_len)
     if isinstance(mixer, MambaBlock):
         return mixer.init_state(batch, device=device, dtype=dtype)
+    if isinstance(mixer, _GRUMixer):
+        return torch.zeros(batch, mixer.gru.hidden_size, device=device, dtype=dtype)
     if isinstance(mixer, S4DLayer):
         cplx = torch.complex128 if dtype == torch.float64 else torch.complex64
         return torch.zeros(batch, mixer.d_model, mixer.ssm.A_im.shape[1], dtype=cplx, device=device)
@@ -205,6 +227,9 @@ def mixer_step(mixer: nn.Module, x_t: torch.Tensor, state):
     """
     if isinstance(mixer, MambaBlock):
         return mixer.step(x_t, state)
+    if isinstance(mixer, _GRUMixer):
+        _, h = mixer.gru(x_t[:, None], state[None])
+        return h[0], h[0]
     if isinstance(mixer, S4DLayer):                     # h = exp(dt A) h + u;  y = 2 Re <C dt phi1(dt A), h> + D u
         ssm = mixer.ssm
         A = torch.complex(-torch.exp(ssm.log_A_re), ssm.A_im)
