@@ -1,0 +1,64 @@
+"""A GRU baseline on MQAR at the arena's parameter budget (M11.5, F11.1).
+
+`benchmarks/arena_sweep.py` trains the seven families of `xfam_lib.arena.FAMILIES`; this script trains
+the arena's GRU baseline (`ArenaLM("gru", ...)`: the same embedding, token shift, MLPs and read-out, with
+`torch.nn.GRU` as the mixer) with exactly the sweep's recipe — the same budget, numbers of pairs, seeds,
+steps, batch and learning rate, read from the sweep's saved config — so chapter 11 can draw it in
+Figure 11.1 beside the families. Results go to ``experiments/results/gru_mqar.json``.
+
+Usage: ``python experiments/gru_mqar.py`` (about a minute on one CPU core; ``--quick``: one seed, 30 steps).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from xfam_lib.arena import TASKS, train_arena, width_for_budget
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "experiments" / "results" / "gru_mqar.json"
+SWEEP = ROOT / "benchmarks" / "results" / "arena.json"
+DEFAULTS = {"sizes": [4, 8, 16], "seeds": [0, 1, 2], "steps": 300, "batch": 32, "budget": 20_000, "lr": 3e-3}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="one seed, 30 steps")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    cfg = dict(DEFAULTS)
+    if SWEEP.exists():                                   # the sweep's recipe, so the runs are comparable
+        saved = json.loads(SWEEP.read_text())["config"]
+        cfg.update({k: saved[k] for k in DEFAULTS if k in saved})
+    if args.quick:
+        cfg["seeds"], cfg["steps"] = cfg["seeds"][:1], 30
+    torch.set_num_threads(args.threads)
+    start, runs = time.perf_counter(), []
+    for seed in cfg["seeds"]:
+        for size in cfg["sizes"]:
+            vocab = 4 * size + 2
+            seq_len = TASKS["mqar"](1, size, vocab, torch.Generator().manual_seed(0), "cpu")[0].shape[1]
+            width = width_for_budget("gru", cfg["budget"], vocab=vocab, max_len=seq_len)
+            r = train_arena("gru", "mqar", size, vocab=vocab, d_model=width, steps=cfg["steps"], batch=cfg["batch"],
+                            lr=cfg["lr"], seed=seed)
+            runs.append({"family": "gru", "size": size, "seed": seed, "d_model": width, **r})
+            print(f"gru size {size:3d} seed {seed}: accuracy {r['accuracy']:.3f}, {r['params']} params, "
+                  f"state {r['state_bytes']} B ({time.perf_counter() - start:.0f} s)", flush=True)
+    result = {"name": "gru_mqar", "task": "mqar", "config": {**cfg, "family": "gru"}, "runs": runs,
+              "recipe_from": str(SWEEP.relative_to(ROOT)) if SWEEP.exists() else "defaults",
+              "wall_time_s": round(time.perf_counter() - start, 1),
+              "machine": {"torch": torch.__version__, "threads": args.threads, "python": platform.python_version(),
+                          "platform": f"{platform.system()} {platform.machine()}"}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
