@@ -10,6 +10,10 @@ the families interleaved round by round) and saved as throughput ratios to softm
 length (``throughput``). ``checks`` holds the sweep's wall time (runs plus throughput) against the
 issue's 20-minute target and the throughput report; the book's benchmarks page lists them.
 
+The other tasks (chapter 11, Figure 11.3b), saved under their own names: ``--task selective_copying --no-throughput
+--out benchmarks/results/arena_selective_copying.json`` and ``--task induction_heads --sizes 16 32 64
+--no-throughput --out benchmarks/results/arena_induction_heads.json``.
+
 Throughput only: ``python benchmarks/arena_sweep.py --throughput-only [--threads 1]`` (well under a minute)
 measures it alone, with the saved runs' task, sizes and budget, and merges it into the saved file,
 keeping its runs.
@@ -159,7 +163,7 @@ def main() -> None:
     run_keys = ("families", "task", "sizes", "seeds", "steps", "batch", "budget", "lr")
 
     def save() -> None:                 # after every run, so an interrupted sweep keeps what it finished
-        result = {"name": "arena", "task": args.task, "config": {k: getattr(args, k) for k in run_keys},
+        result = {"name": "arena" if args.task == "mqar" else f"arena_{args.task}", "task": args.task, "config": {k: getattr(args, k) for k in run_keys},
                   "processes": dist.get_world_size() if distributed else 1, "runs": runs,
                   "complete": len(runs) == len(args.seeds) * len(args.families) * len(args.sizes),
                   "wall_time_s": runs_wall[0] if runs_wall else round(time.time() - start, 1),   # the runs' time
