@@ -1,0 +1,72 @@
+"""Recall against state size inside one family: the arena's state knobs turned on MQAR (M11.6, F11.2).
+
+Based (Arora et al. 2024, Figure 2) draws its recall-state frontier by dialling the state of one
+architecture. `benchmarks/arena_sweep.py` gives each family one point per size; this script turns each
+family's own state knob at the largest number of pairs, at the sweep's matched parameter budget and
+recipe (steps, batch, learning rate, seeds, read from the sweep's saved config): the sliding window's
+``window`` (keys back), the Performer's ``n_features`` and Mamba's ``d_state``. The width is re-matched
+to the budget for every setting (`width_for_budget`), so only the state changes, not the parameter count.
+Results go to ``experiments/results/state_frontier.json``; chapter 11 plots them.
+
+Usage: ``python experiments/state_frontier.py`` (about 4 minutes on one CPU core; ``--quick``: one seed,
+30 steps).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from xfam_lib.arena import TASKS, train_arena, width_for_budget
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "experiments" / "results" / "state_frontier.json"
+SWEEP = ROOT / "benchmarks" / "results" / "arena.json"
+DEFAULTS = {"pairs": 16, "seeds": [0, 1, 2], "steps": 300, "batch": 32, "budget": 20_000, "lr": 3e-3}
+KNOBS = {"sliding_window": ("window", [2, 4, 8, 16, 32, 47]),
+         "performer": ("n_features", [8, 16, 32, 64, 128]),
+         "mamba": ("d_state", [4, 8, 16, 32])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="one seed, 30 steps")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    cfg = dict(DEFAULTS)
+    if SWEEP.exists():                                   # the sweep's recipe, so the runs are comparable
+        saved = json.loads(SWEEP.read_text())["config"]
+        cfg.update({k: saved[k] for k in ("steps", "batch", "budget", "lr", "seeds") if k in saved})
+        cfg["pairs"] = max(saved.get("sizes", [cfg["pairs"]]))
+    if args.quick:
+        cfg["seeds"], cfg["steps"] = cfg["seeds"][:1], 30
+    torch.set_num_threads(args.threads)
+    pairs, vocab = cfg["pairs"], 4 * cfg["pairs"] + 2
+    seq_len = TASKS["mqar"](1, pairs, vocab, torch.Generator().manual_seed(0), "cpu")[0].shape[1]
+    start, runs = time.perf_counter(), []
+    for seed in cfg["seeds"]:
+        for family, (knob, values) in KNOBS.items():
+            for value in values:
+                width = width_for_budget(family, cfg["budget"], vocab=vocab, max_len=seq_len, **{knob: value})
+                r = train_arena(family, "mqar", pairs, vocab=vocab, d_model=width, steps=cfg["steps"],
+                                batch=cfg["batch"], lr=cfg["lr"], seed=seed, **{knob: value})
+                runs.append({"family": family, "knob": knob, "value": value, "seed": seed, "d_model": width, **r})
+                print(f"{family:15s} {knob} {value:4d} seed {seed}: accuracy {r['accuracy']:.3f}, {r['params']} params, "
+                      f"state {r['state_bytes']} B ({time.perf_counter() - start:.0f} s)", flush=True)
+    result = {"name": "state_frontier", "task": "mqar", "config": {**cfg, "knobs": KNOBS}, "runs": runs,
+              "recipe_from": str(SWEEP.relative_to(ROOT)) if SWEEP.exists() else "defaults", "seq_len": seq_len,
+              "wall_time_s": round(time.perf_counter() - start, 1),
+              "machine": {"torch": torch.__version__, "threads": args.threads, "python": platform.python_version(),
+                          "platform": f"{platform.system()} {platform.machine()}"}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
