@@ -20,3 +20,40 @@ def test_permutation_act_states_ignore_k_and_halting_sees_it_M6_3():
         model.halt.weight[0, 16:] = torch.tensor([100.0, 0.0, 0.0, 0.0])  # halting unit: stop at once iff k = 1
         _, _, n = model(start.long(), k)
         assert torch.equal(n, torch.where(k == 1, 1.0, 5.0).double())
+
+
+def test_ut_seq2seq_tied_vs_untied_differ_only_in_sharing_M6_1():
+    """`UTSeq2Seq`: the tied model's parameters do not grow with depth, the untied stack's grow by one
+    layer per step; untied layers loaded with the tied layer's weights give the same logits (same
+    coordinate embedding before every layer), and at ``n_steps=1`` the two are the same model."""
+    import pytest
+
+    from xfam_lib.experiments import UTSeq2Seq, train_ut_seq2seq
+    from xfam_lib.transformer import EncoderLayer, count_params
+
+    layer_params = count_params(EncoderLayer(16, 2, 32))
+    tied = {T: count_params(UTSeq2Seq(10, 16, 2, 32, T, tied=True)) for T in (1, 2, 5)}
+    untied = {T: count_params(UTSeq2Seq(10, 16, 2, 32, T, tied=False)) for T in (1, 2, 5)}
+    assert len(set(tied.values())) == 1
+    assert untied[1] == tied[1] and untied[5] - untied[2] == 3 * layer_params
+
+    torch.manual_seed(0)
+    ut = UTSeq2Seq(10, 16, 2, 32, 3, tied=True).double().eval()
+    stack = UTSeq2Seq(10, 16, 2, 32, 3, tied=False).double().eval()
+    stack.embed.load_state_dict(ut.embed.state_dict())
+    stack.head.load_state_dict(ut.head.state_dict())
+    for layer in stack.core:
+        layer.load_state_dict(ut.core.layer.state_dict())
+    ids = torch.randint(0, 10, (2, 7))
+    with torch.no_grad():
+        assert torch.allclose(ut(ids), stack(ids), atol=1e-12)
+        stack.core[1].ff.linear1.weight.mul_(1.5)
+        assert not torch.allclose(ut(ids), stack(ids), atol=1e-6)      # the layers really are separate
+
+    a = train_ut_seq2seq("reverse", 1, tied=True, steps=3, batch=4, eval_batch=16)
+    b = train_ut_seq2seq("reverse", 1, tied=False, steps=3, batch=4, eval_batch=16)
+    assert a == b
+    with pytest.raises(ValueError, match="task"):
+        train_ut_seq2seq("sort", 2, tied=True)
+    with pytest.raises(ValueError, match="ids"):
+        ut(torch.zeros(2, 7))

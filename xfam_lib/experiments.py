@@ -10,6 +10,8 @@ to copy the token read ``delay`` steps back while reading a stream one segment a
 `train_permutation_act` (M6.3): the same idea (`PermutationACT`) on applying a permutation k times.
 `train_spans` (chapter 6, M6.4): a small decoder of adaptive-span attention layers (`SpanLM`) on a
 lagged-topic language, returning the learned spans per head.
+`train_ut_seq2seq` (chapter 6, M6.1): a Universal Transformer (one tied layer, `UTSeq2Seq` with
+``tied=True``) against ``T`` untied layers of the same width, on copy and reverse.
 
 `train_recall` (chapter 8, M8.11, M11.2): a small model (`RecallNet`) whose token mixer is softmax or
 linear attention, trained on multi-query associative recall (`tasks.mqar`).
@@ -22,16 +24,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .adaptive import AdaptiveSpanAttention, act_halting
+from .adaptive import AdaptiveSpanAttention, UniversalTransformer, act_halting
 from .attention import scaled_dot_product_attention
 from .linear import linear_attention
 from .memory import TransformerXL
-from .positional import sinusoidal_encoding
+from .positional import sinusoidal_encoding, ut_coordinate_encoding
 from .ssm import H3Layer, MambaBlock, S4DLayer
 from .tasks import PAD, LaggedTopicLanguage, ModeBigramLanguage, cyclic_permutation, delayed_copy, mqar, parity_task, permutation_steps
-from .tasks import induction_heads, selective_copying
+from .tasks import copy_task, induction_heads, reverse_task, selective_copying
 from .train import cross_entropy, train_loop
-from .transformer import TransformerLM
+from .transformer import EncoderLayer, TransformerLM, count_params
+from .utils import check_positive_int
 
 
 def length_extrapolation(kinds: Sequence[str] = ("none", "sinusoidal", "learned", "rope", "alibi", "t5"), *,
@@ -283,6 +286,71 @@ def train_spans(*, vocab=32, lag=12, p_rule=0.7, topic_size=6, n_modes=0, d_mode
     oracle_logp = lang.sample(512, length + 1, generator=torch.Generator().manual_seed(10_000 + seed))[1]
     return {"spans": [a.spans.detach().cpu().tolist() for a in model.attn],
             "final_loss": sum(losses[-50:]) / len(losses[-50:]), "oracle_loss": -oracle_logp[:, 1:].mean().item()}
+
+
+class UTSeq2Seq(nn.Module):
+    """Encoder-only token-to-token model with ``n_steps`` layers, tied (a Universal Transformer) or untied.
+
+    ``forward(ids (B, L)) -> logits (B, L, vocab)``: an embedding scaled by ``sqrt(d_model)``, then
+    ``n_steps`` applications of an `EncoderLayer` (Post-LN, no mask), then a linear head. With
+    ``tied=True`` the core is `adaptive.UniversalTransformer` (one layer applied ``n_steps`` times, ACT
+    off). With ``tied=False`` it is ``n_steps`` separate layers that get the *same* input treatment:
+    ``ut_coordinate_encoding`` (position + step sinusoids) is added before layer ``t`` exactly as the UT
+    adds it before step ``t``. The two models then differ only in whether the layers share weights (for
+    untied layers the step sinusoid is redundant, each layer knowing its depth by its weights, but harmless),
+    and with ``n_steps=1`` they are the same model.
+    """
+
+    def __init__(self, vocab: int, d_model: int, n_heads: int, d_ff: int, n_steps: int, *, tied: bool = True):
+        super().__init__()
+        check_positive_int("n_steps", n_steps)
+        self.tied, self.n_steps = bool(tied), n_steps
+        self.embed = nn.Embedding(vocab, d_model)
+        if self.tied:
+            self.core = UniversalTransformer(d_model, n_heads, d_ff, n_steps)
+        else:
+            self.core = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff) for _ in range(n_steps))
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dim() != 2 or ids.dtype != torch.long:
+            raise ValueError(f"ids must be a (B, L) tensor of token ids (torch.long), got {tuple(ids.shape)} {ids.dtype}")
+        d = self.embed.embedding_dim
+        h = self.embed(ids) * d ** 0.5
+        if self.tied:
+            h = self.core(h)
+        else:
+            coords = ut_coordinate_encoding(ids.shape[1], self.n_steps, d).to(h.device, h.dtype)
+            for t, layer in enumerate(self.core):
+                h = layer(h + coords[t])
+        return self.head(h)
+
+
+def train_ut_seq2seq(task: str, n_steps: int, *, tied: bool, seed: int = 0, length: int = 12, vocab: int = 12,
+                     d_model: int = 32, n_heads: int = 4, d_ff: int = 64, steps: int = 600, batch: int = 64,
+                     lr: float = 1e-3, warmup: int = 50, eval_batch: int = 2000, device=None) -> dict:
+    """Train one `UTSeq2Seq` on ``task`` (``"copy"``: ``tgt = src``; ``"reverse"``: ``tgt[i] = src[L-1-i]``,
+    `tasks.copy_task` / `tasks.reverse_task`); return the per-token accuracy on ``eval_batch`` fresh
+    sequences, the parameter count and the mean loss of the last 50 steps. The initialisation uses
+    ``torch.manual_seed(seed)`` and the data a generator seeded with ``seed``; evaluation sequences come from
+    a separate generator (``10_000 + seed``)."""
+    tasks_ = {"copy": copy_task, "reverse": reverse_task}
+    if task not in tasks_:
+        raise ValueError(f"task must be one of {sorted(tasks_)}, got {task!r}")
+    make = tasks_[task]
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    model = UTSeq2Seq(vocab, d_model, n_heads, d_ff, n_steps, tied=tied).to(device)
+
+    def loss_fn(m, step):
+        src, tgt = make(batch, length, vocab, generator=gen, device=device)
+        return cross_entropy(m(src), tgt)
+
+    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=warmup, progress=False)
+    src, tgt = make(eval_batch, length, vocab, generator=torch.Generator().manual_seed(10_000 + seed), device=device)
+    with torch.no_grad():
+        acc = (model(src).argmax(-1) == tgt).double().mean().item()
+    return {"accuracy": acc, "params": count_params(model), "final_loss": sum(losses[-50:]) / len(losses[-50:])}
 
 
 # ----------------------------------------------------------------------------- chapter 7 (M7.7, M7.14, M7.18)
