@@ -22,6 +22,32 @@ def test_permutation_act_states_ignore_k_and_halting_sees_it_M6_3():
         assert torch.equal(n, torch.where(k == 1, 1.0, 5.0).double())
 
 
+def test_parity_act_graves_is_a_tanh_rnn_reading_input_and_first_step_flag_M6_3():
+    """`ParityACTGraves` (Graves 2016, Sec. 3.1): a tanh RNN cell that reads [x, flag] at every ponder
+    step, the flag 1 on the first step only; with the halting unit switched off it takes exactly
+    ``max_steps`` steps and its state is the tanh recurrence written out by hand."""
+    from xfam_lib.experiments import ParityACTGraves, train_parity
+
+    torch.manual_seed(0)
+    model = ParityACTGraves(n_bits=6, hidden=5, max_steps=3).double()
+    assert isinstance(model.cell, torch.nn.RNNCell) and model.cell.nonlinearity == "tanh"
+    assert model.halt.bias.item() == 1.0
+    x = torch.randint(-1, 2, (4, 6)).double()
+    with torch.no_grad():
+        model.halt.weight.zero_()
+        model.halt.bias.fill_(-50.0)                     # p ~ 0: run to the step limit, weight 1 on the last state
+        logit, ponder, n = model(x)
+        W, U, b = model.cell.weight_ih, model.cell.weight_hh, model.cell.bias_ih + model.cell.bias_hh
+        h = torch.zeros(4, 5, dtype=torch.float64)
+        for step in range(3):
+            flag = torch.full((4, 1), 1.0 if step == 0 else 0.0, dtype=torch.float64)
+            h = torch.tanh(torch.cat([x, flag], -1) @ W.T + h @ U.T + b)
+        assert torch.allclose(logit, model.out(h).squeeze(-1))
+        assert torch.equal(n, torch.full_like(n, 3.0)) and torch.allclose(ponder, torch.full_like(ponder, 4.0))
+    res = train_parity(n_bits=4, hidden=8, max_steps=5, steps=2, batch=8, seed=0, eval_batch=200, cell="tanh")
+    assert len(res["ponder"]) == 4 and all(1.0 <= p <= 6.0 for p in res["ponder"])
+
+
 def test_ut_seq2seq_tied_vs_untied_differ_only_in_sharing_M6_1():
     """`UTSeq2Seq`: the tied model's parameters do not grow with depth, the untied stack's grow by one
     layer per step; untied layers loaded with the tied layer's weights give the same logits (same

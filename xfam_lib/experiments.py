@@ -6,7 +6,8 @@ trained at one length and evaluated at multiples of it.
 `xl_delayed_copy` (chapter 5, M5.1): Transformer-XL models that differ only in memory length, trained
 to copy the token read ``delay`` steps back while reading a stream one segment at a time.
 
-`train_parity` (chapter 6, M6.3): a GRU cell with an ACT halting unit (`ParityACT`) on Graves's parity;
+`train_parity` (chapter 6, M6.3): a GRU cell (`ParityACT`) or Graves's tanh RNN cell (`ParityACTGraves`)
+with an ACT halting unit on Graves's parity;
 `train_permutation_act` (M6.3): the same idea (`PermutationACT`) on applying a permutation k times.
 `train_spans` (chapter 6, M6.4): a small decoder of adaptive-span attention layers (`SpanLM`) on a
 lagged-topic language, returning the learned spans per head.
@@ -153,12 +154,29 @@ class ParityACT(nn.Module):
         return self.out(res.output).squeeze(-1), res.ponder, res.n_updates
 
 
+class ParityACTGraves(ParityACT):
+    """Graves's (2016, Sec. 3.1) parity network: a simple tanh RNN cell + ACT halting unit + one output.
+
+    The same as `ParityACT` except for the cell: ``h' = tanh(W [x, flag] + U h + b)`` (``nn.RNNCell``)
+    instead of a GRU. Each example is a sequence of length 1; at every ponder step the cell reads the
+    vector again with a flag that is 1 on the first step only; the halting unit is ``sigmoid(w . h + b)``
+    with ``b = 1`` at init. ``forward(x (B, n_bits)) -> (logit (B,), ponder (B,), N (B,))``.
+    """
+
+    def __init__(self, n_bits: int, hidden: int, max_steps: int, threshold: float = 0.99):
+        super().__init__(n_bits, hidden, max_steps, threshold)
+        self.cell = nn.RNNCell(n_bits + 1, hidden, nonlinearity="tanh")
+
+
 def train_parity(n_bits: int = 8, hidden: int = 128, max_steps: int = 12, tau: float = 1e-3, steps: int = 3000,
-                 batch: int = 128, lr: float = 3e-3, seed: int = 0, eval_batch: int = 8000) -> dict:
-    """Train one `ParityACT`; return the mean ponder cost, steps N and accuracy per difficulty."""
+                 batch: int = 128, lr: float = 3e-3, seed: int = 0, eval_batch: int = 8000, cell: str = "gru") -> dict:
+    """Train one `ParityACT` (``cell="gru"``) or `ParityACTGraves` (``cell="tanh"``); return the mean
+    ponder cost, steps N and accuracy per difficulty."""
+    if cell not in ("gru", "tanh"):
+        raise ValueError(f"cell must be 'gru' or 'tanh', got {cell!r}")
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    model = ParityACT(n_bits, hidden, max_steps)
+    model = (ParityACT if cell == "gru" else ParityACTGraves)(n_bits, hidden, max_steps)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(steps):
         x, y, _ = parity_task(batch, n_bits, generator=gen)
