@@ -6,13 +6,14 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: book test bench exercises grade clean
 
-$(STAMP): requirements.txt requirements-grading.txt requirements-lock.txt pyproject.toml
+$(STAMP): requirements.txt requirements-grading.txt requirements-lock.txt requirements-nodeps.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
 	  echo "error: the pinned requirements need Python 3.11, but '$(PYTHON)' is $$($(PYTHON) --version 2>&1)."; \
 	  echo "       Install Python 3.11 (e.g. 'pyenv install 3.11' or your OS package) and run: make PYTHON=python3.11 ..."; \
 	  exit 2; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-grading.txt -c requirements-lock.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
