@@ -3,8 +3,9 @@ kNN memories and the Titans-style neural memory.
 
 Each mechanism is checked against an independent form: one forward over the concatenated context,
 a Python loop or list simulation, brute-force distances, the linear-attention state of Chapter 8,
-or lucidrains' x-transformers / compressive-transformer-pytorch (test-only pins). Equalities run
-in fp64, so their tolerances are fp64 round-off.
+or lucidrains' x-transformers / compressive-transformer-pytorch / memorizing-transformers-pytorch
+(test-only pins). Equalities run in fp64, so their tolerances are fp64 round-off, except against an
+oracle that computes in fp32 (x-transformers' softmax, faiss).
 """
 import math
 
@@ -487,6 +488,98 @@ def test_memorizing_gate_is_learned_per_head_M5_8(gen):
     assert layer.gate_logit.grad is None                          # nothing to mix with yet
     layer(randn(1, 4, 8, gen=gen)).sum().backward()
     assert layer.gate_logit.grad is not None and (layer.gate_logit.grad.abs() > 0).all()
+
+
+def test_fifo_knn_search_matches_memorizing_transformers_knn_memory_M5_8(gen, tmp_path):
+    """Independent oracle (memorizing-transformers-pytorch 0.4.1's `KNNMemory`: a faiss HNSW inner-product
+    index per batch row over a memmap ring buffer): `exact_knn(metric="ip")` over a `FIFOKVMemory` returns the
+    same keys and values, best first, for several k and batch rows, also after the FIFO has wrapped. With at
+    most 16 keys HNSW's default efSearch (16) visits the whole graph, so its search is exact here.
+
+    Their overflow rule is not a FIFO's. The `add` that takes the count past max_memories clears the index and
+    indexes only that chunk, but marks the index untrained, so the next search finds nothing. Their count then
+    lags one chunk: the index holds the newest 2, 3, ... chunks, and grows to max_memories + chunk rows before the
+    next clear. Rows come back from the ring buffer at slot = label % max_memories, so labels past max_memories,
+    and every label after a clear when the chunk does not divide max_memories, return rows other than the ones
+    ranked. Hence: chunk | max_memories, and the comparison is with the newest `live` rows of our FIFO (the whole
+    FIFO, wrapped, at t = 8); at t = 5 their empty answer is asserted."""
+    mt = pytest.importorskip("memorizing_transformers_pytorch",
+                             reason="memorizing-transformers-pytorch is pinned in requirements-nodeps.txt")
+    b, d, cap, n = 3, 8, 16, 4
+    theirs = mt.KNNMemory(dim=d, max_memories=cap, num_indices=b, memmap_filename=str(tmp_path / "knn.memmap"),
+                          multiprocessing=False)
+    ours = FIFOKVMemory(cap)
+    # rows their index can see after t chunks; at t = 8 that is our whole FIFO, which holds the newest 16 of 32
+    live = {1: 4, 2: 8, 3: 12, 4: 16, 5: 0, 6: 8, 7: 12, 8: 16}
+    for t in range(9):
+        q = F.normalize(randn(b, 6, d, gen=gen, dtype=torch.float32), dim=-1)
+        if t:
+            if live[t] == 0:                                          # just cleared: nothing, though we hold cap rows
+                _, mask = theirs.search(q, 3)
+                assert len(ours) == cap and not mask.any()
+            for k in (1, 3, 8):
+                if not 0 < k <= live[t]:
+                    continue
+                got, mask = theirs.search(q, k)                       # (b, 6, k, 2, d): key | value
+                keys, vals = ours.keys[:, -live[t]:], ours.values[:, -live[t]:]
+                scores, idx = exact_knn(q, keys, k, metric="ip")
+                pick = lambda m: m.gather(1, idx.reshape(b, -1, 1).expand(-1, -1, d)).reshape(b, 6, k, d)
+                assert mask.all()
+                assert torch.equal(got[..., 0, :], pick(keys)), (t, k)   # stored rows come back unchanged
+                assert torch.equal(got[..., 1, :], pick(vals)), (t, k)
+                assert_close((q.unsqueeze(-2) * got[..., 0, :]).sum(-1), scores)
+        kv = F.normalize(randn(b, n, 2, d, gen=gen, dtype=torch.float32), dim=-1)
+        theirs.add(kv)
+        ours.add(kv[:, :, 0], kv[:, :, 1])
+
+
+def test_memorizing_attention_with_a_per_query_gate_matches_memorizing_transformers_knn_attention_M5_8(gen, tmp_path):
+    """Independent oracle (memorizing-transformers-pytorch 0.4.1's `KNNAttention`): cosine logits with a learned
+    per-head scale, one shared k/v head, read the kNN memory then write the segment. It does not gate: it takes
+    one softmax over [retrieved; local] logits. That joint softmax is the gate of eq. (memorizing) with g chosen
+    per query, g = sigmoid(log Z_mem - log Z_local) (Z: the two softmax denominators). So two `MemorizingAttention`
+    layers with their gates at +inf and -inf (pure kNN, pure local), weights copied (their k/v head repeated over
+    our heads, their scale as our log_scale, identity out_proj), mixed with that g and projected by their to_out,
+    equal its output, segment after segment (the first with an empty memory). fp32: faiss is fp32 only."""
+    mt = pytest.importorskip("memorizing_transformers_pytorch",
+                             reason="memorizing-transformers-pytorch is pinned in requirements-nodeps.txt")
+    torch.manual_seed(0)
+    b, seg, heads, dh, topk, cap = 2, 4, 2, 8, 3, 16
+    dm = heads * dh
+    theirs = mt.KNNAttention(dim=dm, heads=heads, dim_head=dh, num_retrieved_memories=topk).eval()
+    knn_memory = mt.KNNMemory(dim=dh, max_memories=cap, num_indices=b, memmap_filename=str(tmp_path / "knn.memmap"),
+                              multiprocessing=False)
+    with torch.no_grad():
+        theirs.scale.copy_(torch.tensor([0.5, 1.5]).view(heads, 1, 1))     # distinct per-head log-scales
+    k_w, v_w = theirs.to_kv.weight.chunk(2, dim=0)
+    layers = {}
+    for name, gate in (("mem", math.inf), ("local", -math.inf)):
+        layer = MemorizingAttention(dm, heads, capacity=cap, topk=topk)
+        with torch.no_grad():
+            layer.q_proj.weight.copy_(theirs.to_q.weight)
+            layer.k_proj.weight.copy_(k_w.repeat(heads, 1))
+            layer.v_proj.weight.copy_(v_w.repeat(heads, 1))
+            layer.out_proj.weight.copy_(torch.eye(dm))
+            layer.log_scale.copy_(theirs.scale.view(heads))
+            layer.gate_logit.fill_(gate)
+        layers[name] = layer
+    scale = theirs.scale.detach().exp()                                      # (heads, 1, 1)
+    for s in range(5):                                                       # 5 x 4 rows: no overflow (see above)
+        x = randn(b, seg, dm, gen=gen, dtype=torch.float32)
+        with torch.no_grad():
+            q = F.normalize(theirs.to_q(x).view(b, seg, heads, dh).transpose(1, 2), dim=-1) * scale
+            k = F.normalize(theirs.to_kv(x)[..., :dh], dim=-1).unsqueeze(1)   # (b, 1, seg, dh)
+            local_logits = (q @ k.transpose(-2, -1)).masked_fill(~torch.ones(seg, seg, dtype=torch.bool).tril(), -math.inf)
+            mem = layers["mem"].memory
+            log_z_mem = (torch.full((b, heads, seg), -math.inf) if mem.keys is None
+                         else exact_knn(q, mem.keys, topk, metric="ip")[0].logsumexp(-1))
+            g = torch.sigmoid(log_z_mem - local_logits.logsumexp(-1)).transpose(1, 2).unsqueeze(-1)   # (b, seg, h, 1)
+            a_mem, a_local = (layers[name](x).view(b, seg, heads, dh) for name in ("mem", "local"))
+            ours = theirs.to_out((g * a_mem + (1 - g) * a_local).reshape(b, seg, dm))
+            expected, _ = theirs(x, knn_memory=knn_memory)
+        assert_close(ours, expected, name=f"segment {s}")
+        if s:                                    # g varies across the queries of a head: no per-head gate fits
+            assert (g.amax((0, 1)) - g.amin((0, 1)) > 0.2).all()
 
 
 # ============================================================================= M5.11 Titans neural memory
