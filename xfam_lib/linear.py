@@ -164,6 +164,21 @@ def _causal(n: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
+def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sums of the entries before each index along ``dim`` (index 0 gets exactly 0).
+
+    Written straight into a shifted view: no later entry ever enters an earlier sum, not even as a
+    rounding residue (an inclusive sum minus the entry itself would leak one).
+    """
+    n = x.shape[dim]
+    if x.requires_grad and torch.is_grad_enabled():                   # autograd has no out=: one concatenation
+        return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), x.narrow(dim, 0, n - 1).cumsum(dim)], dim)
+    out = torch.empty_like(x)
+    out.narrow(dim, 0, 1).zero_()
+    torch.cumsum(x.narrow(dim, 0, n - 1), dim, out=out.narrow(dim, 1, n - 1))
+    return out
+
+
 # ----------------------------------------------------------------------------- linear attention (M8.8, M8.9)
 def _linear_parallel(fq, fk, v, causal: bool):
     """Quadratic form: ``A = phi(Q) phi(K)^T`` (lower-triangular if causal); ``num = A V``, ``den = A 1``."""
@@ -196,28 +211,27 @@ def _linear_recurrent(fq, fk, v, causal: bool):
 def _linear_chunk(fq, fk, v, causal: bool, chunk_size: int):
     """Chunkwise form: a masked product inside each chunk (intra), plus the state entering it (inter).
 
-    Causal: the normaliser rides along as one extra value column of ones (``phi(q)^T z`` is
-    ``phi(q)^T S`` for ``v = 1``), so numerator and denominator come out of the same products. The
-    state entering chunk ``c`` is the sum of the chunks before it, ``S_c = sum_{c' < c} K_{c'}^T V_{c'}``:
-    one batched product for all chunks and an exclusive cumulative sum over them, no loop.
+    Causal: the state entering chunk ``c`` is the sum of the chunks before it,
+    ``S_c = sum_{c' < c} K_{c'}^T V_{c'}`` (likewise ``z_c`` for the normaliser): one batched product
+    for all chunks and an exclusive cumulative sum over them, no loop.
+    The normaliser is the row sum of the masked scores plus ``phi(q)^T z_c``.
     Non-causal: every query reads the full sums, accumulated chunk by chunk.
     """
     length = fq.shape[-2]
     chunk_size = min(chunk_size, length)                             # one chunk never needs padding past L
+    qc, kc, vc = (_to_chunks(x, chunk_size) for x in (fq, fk, v))    # (..., n, C, d); padded keys are 0
     if not causal:
-        qc, kc, vc = (_to_chunks(x, chunk_size) for x in (fq, fk, v))   # padded keys are 0
         S = (kc.transpose(-2, -1) @ vc).sum(-3, keepdim=True)        # (..., 1, d_phi, d_v)
         z = kc.sum((-3, -2))                                         # (..., d_phi)
         return _from_chunks(qc @ S, length), (fq * z.unsqueeze(-2)).sum(-1)
-    v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)     # (..., L, d_v + 1)
-    qc, kc, vc = (_to_chunks(x, chunk_size) for x in (fq, fk, v1))  # (..., n, C, d)
-    above = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=fq.device).triu(1)
-    out = (qc @ kc.transpose(-2, -1)).masked_fill_(above, 0.0) @ vc  # intra: (..., n, C, d_v + 1)
-    S = torch.roll((kc.transpose(-2, -1) @ vc).cumsum_(-3), 1, dims=-3)   # (..., n, d_phi, d_v + 1): S_{c+1} at c
-    S[..., 0, :, :] = 0.0                                            # S_c = sum of the chunks before c
-    out.flatten(0, -3).baddbmm_(qc.flatten(0, -3), S.flatten(0, -3))  # + inter, in place
-    out = _from_chunks(out, length)
-    return out[..., :-1], out[..., -1]
+    scores = (qc @ kc.transpose(-2, -1)).tril_()                     # (..., n, C, C), i >= j inside a chunk
+    num = scores @ vc                                                # intra: (..., n, C, d_v)
+    den = scores.sum(-1)                                             # (..., n, C)
+    S = _exclusive_cumsum(kc.transpose(-2, -1) @ vc, -3)             # (..., n, d_phi, d_v)
+    z = _exclusive_cumsum(kc.sum(-2), -2)                            # (..., n, d_phi)
+    num.flatten(0, -3).baddbmm_(qc.flatten(0, -3), S.flatten(0, -3))  # + inter, in place
+    den.add_((qc @ z.unsqueeze(-1)).squeeze(-1))
+    return _from_chunks(num, length), den.flatten(-2)[..., :length]
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, feature_map="elu", causal: bool = False,
@@ -332,8 +346,9 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int):
     for c in range(qc.shape[-3]):                                    # elementwise only: decay, then add
         entering, state = state, torch.addcmul(states[..., c, :, :], chunk_decay[..., c, :, :], state)
         states[..., c, :, :] = entering                              # slot c, used, now holds the state entering c
-    inter = q_in @ states                                            # (..., n, C, d_v)
-    return _from_chunks(inter.add_(intra), length), state
+    intra = intra.contiguous()                                       # (..., n, C, d_v); a view unless padded
+    intra.flatten(0, -3).baddbmm_(q_in.flatten(0, -3), states.flatten(0, -3))   # + inter (q_in S), in place
+    return _from_chunks(intra, length), state
 
 
 def _resolve_scale(scale, d_k: int) -> float:
