@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 
 from xfam_lib.arena import TASKS, train_arena, width_for_budget
+
+from common import save_result              # experiments/common.py
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "results" / "gru_mqar.json"
@@ -50,14 +51,9 @@ def main() -> None:
             runs.append({"family": "gru", "size": size, "seed": seed, "d_model": width, **r})
             print(f"gru size {size:3d} seed {seed}: accuracy {r['accuracy']:.3f}, {r['params']} params, "
                   f"state {r['state_bytes']} B ({time.perf_counter() - start:.0f} s)", flush=True)
-    result = {"name": "gru_mqar", "task": "mqar", "config": {**cfg, "family": "gru"}, "runs": runs,
-              "recipe_from": str(SWEEP.relative_to(ROOT)) if SWEEP.exists() else "defaults",
-              "wall_time_s": round(time.perf_counter() - start, 1),
-              "machine": {"torch": torch.__version__, "threads": args.threads, "python": platform.python_version(),
-                          "platform": f"{platform.system()} {platform.machine()}"}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    save_result(args.out, {"name": "gru_mqar", "task": "mqar", "config": {**cfg, "family": "gru"}, "runs": runs,
+                           "recipe_from": str(SWEEP.relative_to(ROOT)) if SWEEP.exists() else "defaults"},
+                threads=args.threads, start=start)
 
 
 if __name__ == "__main__":

@@ -25,14 +25,14 @@ Usage: ``python experiments/ut_tied.py`` (about 10 minutes on one CPU core; ``--
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 
 from xfam_lib.experiments import train_ut_seq2seq
+
+from common import save_result              # experiments/common.py
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "results" / "ut_tied.json"
@@ -66,13 +66,8 @@ def main() -> None:
                     print(f"seed {seed} {task:7s} T={T} {'tied  ' if tied else 'untied'}: accuracy {r['accuracy']:.4f}, "
                           f"{r['params']} params, final loss {r['final_loss']:.3f} "
                           f"({time.perf_counter() - start:.0f} s)", flush=True)
-    result = {"name": "ut_tied", "config": {**cfg, "chance": 1 / (cfg["vocab"] - 2)}, "runs": runs,
-              "wall_time_s": round(time.perf_counter() - start, 1),
-              "machine": {"torch": torch.__version__, "threads": args.threads, "python": platform.python_version(),
-                          "platform": f"{platform.system()} {platform.machine()}"}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} in {result['wall_time_s']:.0f} s")
+    save_result(args.out, {"name": "ut_tied", "config": {**cfg, "chance": 1 / (cfg["vocab"] - 2)}, "runs": runs},
+                threads=args.threads, start=start)
 
 
 if __name__ == "__main__":
