@@ -310,7 +310,7 @@ _SUB_CHUNK = 8       # chunks longer than this may compute their own part chunkw
 _SAFE_LOG_DECAY = 20.0   # a chunk whose total log decay stays above -this uses the factored form
 
 
-def _gla_chunk(q, k, v, log_g, state, chunk_size: int):
+def _gla_chunk(q, k, v, log_g, state, chunk_size: int, scale: float = 1.0):
     """Chunkwise form: the part inside each chunk, plus the state carried across chunks.
 
     Cumulative sums ``b`` restart in every chunk. Inside a chunk the decay from key ``j`` to query
@@ -319,7 +319,8 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int):
     products) is exact up to rounding. Chunks with stronger decay instead get their part from this same
     function (all chunks at once, from a zero state, in sub-chunks of ``_SUB_CHUNK``), down to the
     log-space `_decay_scores`, so nothing ever overflows. Padding (zero keys, zero log gates) leaves the
-    state unchanged.
+    state unchanged. ``q`` comes unscaled: ``scale`` is applied by the last matrix product, which
+    scales the intra part too (``beta``), saving a pass over ``q``.
     """
     length = q.shape[-2]
     chunk_size = min(chunk_size, length)
@@ -347,7 +348,7 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int):
         entering, state = state, torch.addcmul(states[..., c, :, :], chunk_decay[..., c, :, :], state)
         states[..., c, :, :] = entering                              # slot c, used, now holds the state entering c
     intra = intra.contiguous()                                       # (..., n, C, d_v); a view unless padded
-    intra.flatten(0, -3).baddbmm_(q_in.flatten(0, -3), states.flatten(0, -3))   # + inter (q_in S), in place
+    intra.flatten(0, -3).baddbmm_(q_in.flatten(0, -3), states.flatten(0, -3), beta=scale, alpha=scale)  # + inter
     return _from_chunks(intra, length), state
 
 
@@ -399,14 +400,15 @@ def gated_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo
                              f"{tuple(q.shape)} and v {tuple(v.shape)}, got {tuple(initial_state.shape)}")
         _check_aux_dtype("initial_state", initial_state, q)
         state = initial_state.to(cdtype)
-    q = q.to(cdtype) * scale
-    k, v, log_g = k.to(cdtype), v.to(cdtype), log_g.to(cdtype)
+    q, k, v, log_g = q.to(cdtype), k.to(cdtype), v.to(cdtype), log_g.to(cdtype)
+    if mode != "chunk":
+        q = q * scale
     if mode == "recurrent":
         out, state = _gla_recurrent(q, k, v, log_g, state)
     elif mode == "parallel":
         out, state = _gla_parallel(q, k, v, log_g, state)
     else:
-        out, state = _gla_chunk(q, k, v, log_g, state, chunk_size)
+        out, state = _gla_chunk(q, k, v, log_g, state, chunk_size, scale)
     out = out.to(in_dtype)
     return (out, state) if return_final_state else out
 
