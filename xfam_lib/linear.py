@@ -167,16 +167,25 @@ def _causal(n: int, device: torch.device) -> torch.Tensor:
 def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Sums of the entries before each index along ``dim`` (index 0 gets exactly 0).
 
-    Written straight into a shifted view: no later entry ever enters an earlier sum, not even as a
-    rounding residue (an inclusive sum minus the entry itself would leak one).
+    No later entry ever enters an earlier sum, not even as a rounding residue (an inclusive sum minus
+    the entry itself would leak one). Without autograd, large slices are summed by a loop of adds
+    written in place: torch's ``cumsum`` along a middle dimension was 3.5x slower here (4.2 ms
+    against 1.2 ms for 64 slices of 8 x 64 x 64).
     """
     n = x.shape[dim]
     if x.requires_grad and torch.is_grad_enabled():                   # autograd has no out=: one concatenation
         return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), x.narrow(dim, 0, n - 1).cumsum(dim)], dim)
     out = torch.empty_like(x)
     out.narrow(dim, 0, 1).zero_()
-    torch.cumsum(x.narrow(dim, 0, n - 1), dim, out=out.narrow(dim, 1, n - 1))
+    if x.numel() // n >= _LOOP_SLICE:
+        for i in range(1, n):
+            torch.add(out.select(dim, i - 1), x.select(dim, i - 1), out=out.select(dim, i))
+    else:
+        torch.cumsum(x.narrow(dim, 0, n - 1), dim, out=out.narrow(dim, 1, n - 1))
     return out
+
+
+_LOOP_SLICE = 4096   # slices at least this large are summed by the loop of adds in `_exclusive_cumsum`
 
 
 # ----------------------------------------------------------------------------- linear attention (M8.8, M8.9)
