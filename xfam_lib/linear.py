@@ -335,15 +335,19 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int, scale: float = 1.0):
     chunk_size = min(chunk_size, length)
     qc, kc, vc, gc = (_to_chunks(x, chunk_size) for x in (q, k, v, log_g))   # (..., n, C, d)
     b = gc.cumsum(-2)                                                # log decay from chunk start to i
-    b_end = b[..., -1:, :]                                           # (..., n, 1, d_k): whole-chunk decay
-    decayed = b.exp()                                                # exp(b_i) <= 1
-    q_in = qc * decayed                                              # query reads decayed from the chunk start
+    b_end = b[..., -1:, :].clone()                                   # (..., n, 1, d_k): whole-chunk decay
     chunk_decay = b_end.exp()                                        # (..., n, 1, d_k)
-    if bool((b_end >= -_SAFE_LOG_DECAY).all()):
+    factored = bool((b_end >= -_SAFE_LOG_DECAY).all())
+    # Without autograd the factored form reuses its buffers (exp, divide, scale in place): each fresh
+    # temporary of this size costs page faults on first touch, which took up to a third of the time here.
+    reuse = factored and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, log_g, state)))
+    decayed = b.exp_() if reuse else b.exp()                         # exp(b_i) <= 1
+    q_in = qc * decayed                                              # query reads decayed from the chunk start
+    if factored:
         above = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
-        k_back = kc / decayed                                        # key j brought back to the chunk start
+        k_back = torch.div(kc, decayed, out=decayed) if reuse else kc / decayed   # key j back at the chunk start
         intra = (q_in @ k_back.transpose(-2, -1)).masked_fill_(above, 0.0) @ vc
-        k_out = k_back * chunk_decay                                 # key j decayed to the chunk end
+        k_out = k_back.mul_(chunk_decay) if reuse else k_back * chunk_decay      # key j decayed to the chunk end
     else:
         if chunk_size > _SUB_CHUNK:
             zero = qc.new_zeros(qc.shape[:-2] + state.shape[-2:])   # (..., n, d_k, d_v)
