@@ -20,7 +20,7 @@ def junit_counts(path: Path) -> tuple[int, int, int]:
 
 def main(reports: Path) -> int:
     steps = [line.split("\t") for line in (reports / "steps.tsv").read_text().splitlines() if line]
-    xml_of = {0: "library.xml", 1: "notebooks.xml", 3: "html.xml"}
+    xml_of = {0: "library.xml", 1: "notebooks.xml", 2: "colab.xml", 4: "html.xml"}
     total_p = total_f = total_s = 0
     print("\n" + "=" * 72 + "\nmake test summary\n" + "=" * 72)
     for i, (name, rc, seconds) in enumerate(steps):

@@ -22,6 +22,8 @@ step "library, exercises and hygiene tests" \
 step "notebooks (nbval, every chapter and exercise solution)" \
   $PY -m pytest --nbval-lax --nbval-current-env -q -rfE --junitxml="$REPORTS/notebooks.xml" \
   chapters exercises/*/ch*_exercises.ipynb
+step "chapters without the saved results, as on Colab" \
+  bash scripts/run_as_colab.sh "$REPORTS/colab.xml"
 step "book build (jupyter-book -W --keep-going)" \
   .venv/bin/jupyter-book build . --all -W --keep-going
 step "built HTML in headless Chromium" \
