@@ -1,15 +1,49 @@
-"""Shared helper for the experiment scripts: write a result file with its wall time and machine.
+"""Shared helpers for the experiment scripts: their common options, the arena sweep's recipe, and
+writing a result file with its wall time and machine.
 
 The scripts run as ``python experiments/<name>.py``, so this module is imported as ``common``.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import time
 from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+SWEEP = ROOT / "benchmarks" / "results" / "arena.json"
+
+
+def parser(doc: str, out: Path) -> argparse.ArgumentParser:
+    """An argument parser with the options every script has: ``--threads``, ``--quick``, ``--out``."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="one seed, 30 steps")
+    p.add_argument("--out", type=Path, default=out)
+    return p
+
+
+def quick(cfg: dict) -> dict:
+    """``cfg`` cut to one seed and 30 steps (the scripts' ``--quick``)."""
+    return {**cfg, "seeds": cfg["seeds"][:1], "steps": 30}
+
+
+def arena_recipe(defaults: dict) -> tuple[dict, dict | None]:
+    """``defaults`` updated with the arena sweep's saved config (the keys they share), so that a script's
+    runs are comparable with the sweep's; also returns that saved config (None if the sweep file is absent)."""
+    if not SWEEP.exists():
+        return dict(defaults), None
+    saved = json.loads(SWEEP.read_text())["config"]
+    return {**defaults, **{k: saved[k] for k in defaults if k in saved}}, saved
+
+
+def recipe_from() -> str:
+    """Where `arena_recipe` took its numbers from, for the result file."""
+    return str(SWEEP.relative_to(ROOT)) if SWEEP.exists() else "defaults"
 
 
 def save_result(path: Path, result: dict, *, threads: int, start: float) -> dict:

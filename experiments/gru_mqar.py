@@ -10,35 +10,23 @@ Usage: ``python experiments/gru_mqar.py`` (about a minute on one CPU core; ``--q
 """
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 
 from xfam_lib.arena import TASKS, train_arena, width_for_budget
 
-from common import save_result              # experiments/common.py
+from common import RESULTS, arena_recipe, parser, quick, recipe_from, save_result   # experiments/common.py
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "experiments" / "results" / "gru_mqar.json"
-SWEEP = ROOT / "benchmarks" / "results" / "arena.json"
+OUT = RESULTS / "gru_mqar.json"
 DEFAULTS = {"sizes": [4, 8, 16], "seeds": [0, 1, 2], "steps": 300, "batch": 32, "budget": 20_000, "lr": 3e-3}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="one seed, 30 steps")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    cfg = dict(DEFAULTS)
-    if SWEEP.exists():                                   # the sweep's recipe, so the runs are comparable
-        saved = json.loads(SWEEP.read_text())["config"]
-        cfg.update({k: saved[k] for k in DEFAULTS if k in saved})
+    args = parser(__doc__, OUT).parse_args()
+    cfg, _ = arena_recipe(DEFAULTS)                      # the sweep's recipe, so the runs are comparable
     if args.quick:
-        cfg["seeds"], cfg["steps"] = cfg["seeds"][:1], 30
+        cfg = quick(cfg)
     torch.set_num_threads(args.threads)
     start, runs = time.perf_counter(), []
     for seed in cfg["seeds"]:
@@ -52,7 +40,7 @@ def main() -> None:
             print(f"gru size {size:3d} seed {seed}: accuracy {r['accuracy']:.3f}, {r['params']} params, "
                   f"state {r['state_bytes']} B ({time.perf_counter() - start:.0f} s)", flush=True)
     save_result(args.out, {"name": "gru_mqar", "task": "mqar", "config": {**cfg, "family": "gru"}, "runs": runs,
-                           "recipe_from": str(SWEEP.relative_to(ROOT)) if SWEEP.exists() else "defaults"},
+                           "recipe_from": recipe_from()},
                 threads=args.threads, start=start)
 
 

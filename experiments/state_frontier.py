@@ -13,20 +13,15 @@ Usage: ``python experiments/state_frontier.py`` (about 4 minutes on one CPU core
 """
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 
 from xfam_lib.arena import TASKS, train_arena, width_for_budget
 
-from common import save_result              # experiments/common.py
+from common import RESULTS, arena_recipe, parser, quick, recipe_from, save_result   # experiments/common.py
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "experiments" / "results" / "state_frontier.json"
-SWEEP = ROOT / "benchmarks" / "results" / "arena.json"
+OUT = RESULTS / "state_frontier.json"
 DEFAULTS = {"pairs": 16, "seeds": [0, 1, 2], "steps": 300, "batch": 32, "budget": 20_000, "lr": 3e-3}
 KNOBS = {"sliding_window": ("window", [2, 4, 8, 16, 32, 47]),
          "performer": ("n_features", [8, 16, 32, 64, 128]),
@@ -34,18 +29,12 @@ KNOBS = {"sliding_window": ("window", [2, 4, 8, 16, 32, 47]),
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="one seed, 30 steps")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    cfg = dict(DEFAULTS)
-    if SWEEP.exists():                                   # the sweep's recipe, so the runs are comparable
-        saved = json.loads(SWEEP.read_text())["config"]
-        cfg.update({k: saved[k] for k in ("steps", "batch", "budget", "lr", "seeds") if k in saved})
-        cfg["pairs"] = max(saved.get("sizes", [cfg["pairs"]]))
+    args = parser(__doc__, OUT).parse_args()
+    cfg, saved = arena_recipe(DEFAULTS)                  # the sweep's recipe, so the runs are comparable
+    if saved is not None:
+        cfg["pairs"] = max(saved.get("sizes", [cfg["pairs"]]))   # the sweep's largest number of pairs
     if args.quick:
-        cfg["seeds"], cfg["steps"] = cfg["seeds"][:1], 30
+        cfg = quick(cfg)
     torch.set_num_threads(args.threads)
     pairs, vocab = cfg["pairs"], 4 * cfg["pairs"] + 2
     seq_len = TASKS["mqar"](1, pairs, vocab, torch.Generator().manual_seed(0), "cpu")[0].shape[1]
@@ -60,7 +49,7 @@ def main() -> None:
                 print(f"{family:15s} {knob} {value:4d} seed {seed}: accuracy {r['accuracy']:.3f}, {r['params']} params, "
                       f"state {r['state_bytes']} B ({time.perf_counter() - start:.0f} s)", flush=True)
     save_result(args.out, {"name": "state_frontier", "task": "mqar", "config": {**cfg, "knobs": KNOBS}, "runs": runs,
-                           "recipe_from": str(SWEEP.relative_to(ROOT)) if SWEEP.exists() else "defaults",
+                           "recipe_from": recipe_from(),
                            "seq_len": seq_len},
                 threads=args.threads, start=start)
 

@@ -24,33 +24,27 @@ Usage: ``python experiments/ut_tied.py`` (about 10 minutes on one CPU core; ``--
 """
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
 import torch
 
 from xfam_lib.experiments import train_ut_seq2seq
 
-from common import save_result              # experiments/common.py
+from common import RESULTS, parser, quick, save_result   # experiments/common.py
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "experiments" / "results" / "ut_tied.json"
+OUT = RESULTS / "ut_tied.json"
 DEFAULTS = {"tasks": ["copy", "reverse"], "depths": [1, 2, 4, 6], "seeds": [0, 1, 2], "length": 12, "vocab": 12,
             "d_model": 32, "n_heads": 4, "d_ff": 64, "steps": 500, "batch": 64, "lr": 1e-3, "warmup": 50,
             "eval_batch": 2000}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"])
-    parser.add_argument("--quick", action="store_true", help="one seed, 30 steps")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
+    options = parser(__doc__, OUT)
+    options.add_argument("--steps", type=int, default=DEFAULTS["steps"])
+    args = options.parse_args()
     cfg = {**DEFAULTS, "steps": args.steps}
     if args.quick:
-        cfg["seeds"], cfg["steps"] = cfg["seeds"][:1], 30
+        cfg = quick(cfg)
     torch.set_num_threads(args.threads)
     train_kw = {k: cfg[k] for k in ("length", "vocab", "d_model", "n_heads", "d_ff", "steps", "batch", "lr", "warmup",
                                     "eval_batch")}
