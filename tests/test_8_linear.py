@@ -565,3 +565,24 @@ def test_gla_chunk_factored_and_log_space_paths_M8_13(low, factored, gen, monkey
         tuple(x.float() for x in (q, k, v, log_g)), tuple(c.float() for c in cots))
     assert_same(got, want, f"chunk, gates >= {low}")
     assert (not calls) == factored, len(calls)
+
+
+@pytest.mark.parametrize("loop_slice", [1, 10**9], ids=["loop_of_adds", "torch_cumsum"])
+def test_linear_chunk_exclusive_state_sums_both_branches_M8_9(loop_slice, gen, monkeypatch):
+    """The states entering the chunks are exclusive sums over the chunks before; without autograd large
+    slices take a loop of in-place adds, small ones ``torch.cumsum`` (the tests' sizes alone would only
+    reach the second). Both branches: the sums equal a Python sum written out, chunk 0 gets exactly 0,
+    and causal chunk mode equals the fp64 reference and stays exactly causal."""
+    import xfam_lib.linear as lin
+    monkeypatch.setattr(lin, "_LOOP_SLICE", loop_slice)
+    x = randn(2, 3, 7, 4, 5, gen=gen)
+    got = lin._exclusive_cumsum(x, -3)
+    for c in range(7):
+        want = sum((x[:, :, j] for j in range(c)), torch.zeros_like(x[:, :, 0]))
+        assert_close(got[:, :, c], want, name=f"chunk {c}")
+    assert torch.equal(got[:, :, 0], torch.zeros_like(got[:, :, 0]))
+    q, k, v = randn(2, 3, 29, 4, gen=gen), randn(2, 3, 29, 4, gen=gen), randn(2, 3, 29, 5, gen=gen)
+    want = ref_linear_attention(q, k, v, PHI["elu"], causal=True, normalize=True)
+    assert_close(linear_attention(q, k, v, causal=True, mode="chunk", chunk_size=6), want, name="chunk")
+    check_causal(lambda x: linear_attention(x[0], x[1], x[2], causal=True, mode="chunk", chunk_size=6),
+                 torch.stack([q, k, q]), position=13)

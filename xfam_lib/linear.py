@@ -164,6 +164,9 @@ def _causal(n: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
+_LOOP_SLICE = 4096   # slices at least this large are summed by the loop of adds in `_exclusive_cumsum`
+
+
 def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Sums of the entries before each index along ``dim`` (index 0 gets exactly 0).
 
@@ -183,9 +186,6 @@ def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     else:
         torch.cumsum(x.narrow(dim, 0, n - 1), dim, out=out.narrow(dim, 1, n - 1))
     return out
-
-
-_LOOP_SLICE = 4096   # slices at least this large are summed by the loop of adds in `_exclusive_cumsum`
 
 
 # ----------------------------------------------------------------------------- linear attention (M8.8, M8.9)
@@ -222,7 +222,7 @@ def _linear_chunk(fq, fk, v, causal: bool, chunk_size: int):
 
     Causal: the state entering chunk ``c`` is the sum of the chunks before it,
     ``S_c = sum_{c' < c} K_{c'}^T V_{c'}`` (likewise ``z_c`` for the normaliser): one batched product
-    for all chunks and an exclusive cumulative sum over them, no loop.
+    for all chunks and an exclusive cumulative sum over them (`_exclusive_cumsum`).
     The normaliser is the row sum of the masked scores plus ``phi(q)^T z_c``.
     Non-causal: every query reads the full sums, accumulated chunk by chunk.
     """
