@@ -162,8 +162,7 @@ def decode_state_bytes(model: ArenaLM, context: int, *, bytes_per_value: int = 4
     complex diagonal state, ``d N`` complex numbers (``N/2`` conjugate pairs, 2 reals each); mamba: the
     SSM state ``E N`` plus the convolution's window of inputs, ``E d_conv`` (the reference
     implementation's buffer, as `MambaBlock.init_state`; ``d_conv - 1`` would suffice); gru: the hidden
-state, ``d``. Values
-    (not the learned parameters); the token shift adds one ``d``-vector to every family.
+    state, ``d``. Values (not the learned parameters); the token shift adds one ``d``-vector to every family.
     """
     L, d, H = check_positive_int("context", context), model.d_model, model.n_heads
     dh = d // H

@@ -643,7 +643,10 @@ def _factored_chunk_scan(dt, dtu, A, B_l, C_l, size: int):
             x = torch.addcmul(own[..., c], decay[..., c], x)
         x_in = torch.stack(entering, dim=-1) * entry_scale[..., part]
         states = G.add_(x_in[..., None]).mul_(E).mul_(C_g)
-        ys.append(torch.sum(states, 2, out=y[:, :, part]) if reuse else states.sum(2))   # (b, d, g, size)
+        if reuse:
+            torch.sum(states, 2, out=y[:, :, part])                      # (b, d, g, size), written in place
+        else:
+            ys.append(states.sum(2))
     y = y if reuse else torch.cat(ys, dim=2)
     return y.reshape(batch, dim, -1)[:, :, :length], x
 
