@@ -2,12 +2,11 @@
 
 ``gated_linear_attention`` at (1, 8, 4096, 64) fp32 on the CPU with data-independent log gates drawn
 in [-0.1, 0] (a typical forget rate). Target: the chunk form is at least 10x faster than the step
-loop. The chunk sizes 8 to 256 are timed three times each; the one with the lowest median is then
+loop. The chunk sizes 8 to 256 are timed three times each (after a warm-up); the one with the lowest median is then
 compared with the recurrent mode over five interleaved pairs (median ratio). Both modes give the same output and final state.
 Plot: time per chunk size, with the recurrent time as a line.
 """
 import statistics
-import time
 
 import matplotlib
 
@@ -15,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from common import interleaved_times, paired_ratio, save
+from common import fastest_chunk_size, interleaved_times, paired_ratio, save
 from xfam_lib.linear import gated_linear_attention
 from xfam_lib.testing import assert_close
 
@@ -33,15 +32,7 @@ def main():
     def run(mode, chunk_size=64):
         return gated_linear_attention(q, k, v, log_g, mode=mode, chunk_size=chunk_size, return_final_state=True)
 
-    per_chunk = {}
-    for c in CHUNKS:
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            run("chunk", c)
-            times.append(time.perf_counter() - start)
-        per_chunk[c] = statistics.median(times)
-    best = min(per_chunk, key=per_chunk.get)
+    best, per_chunk = fastest_chunk_size(lambda c: run("chunk", c), CHUNKS)
     (out_c, state_c), (out_r, state_r) = run("chunk", best), run("recurrent")
     assert_close(out_c, out_r, name="GLA chunk vs recurrent output")
     assert_close(state_c, state_r, name="GLA chunk vs recurrent final state")

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from common import interleaved_times, paired_ratio, save
+from common import fastest_chunk_size, interleaved_times, paired_ratio, save
 from xfam_lib.bench import peak_memory
 from xfam_lib.linear import linear_attention
 from xfam_lib.testing import assert_close
@@ -49,9 +49,7 @@ def sdpa(q, k, v):
 @torch.no_grad()
 def main():
     q, k, v = inputs(L_MAIN)
-    per_chunk = {c: statistics.median(interleaved_times({"c": lambda: chunk(q, k, v, c)}, repeats=3)["c"])
-                 for c in CHUNKS}
-    best = min(per_chunk, key=per_chunk.get)
+    best, per_chunk = fastest_chunk_size(lambda c: chunk(q, k, v, c), CHUNKS)
     assert_close(chunk(q, k, v, best), recurrent(q, k, v), name="chunk vs recurrent at L=4096")
     times_main = interleaved_times({"chunk": lambda: chunk(q, k, v, best), "recurrent": lambda: recurrent(q, k, v)},
                                    repeats=5, warmup=0)

@@ -33,6 +33,15 @@ def interleaved_times(fns: dict[str, Callable[[], object]], *, repeats: int = 9,
     return times
 
 
+def fastest_chunk_size(run: Callable[[int], object], sizes) -> tuple[int, dict[int, float]]:
+    """Time ``run(size)`` three times for every size (one warm-up); return the size with the lowest
+    median and ``{size: median seconds}``."""
+    medians = {}
+    for size in sizes:
+        medians[size] = statistics.median(interleaved_times({"run": lambda: run(size)}, repeats=3)["run"])
+    return min(medians, key=medians.get), medians
+
+
 def paired_ratio(times: dict[str, list[float]], num: str, den: str) -> float:
     """Median over rounds of ``time[num] / time[den]`` (each round's two runs were back to back)."""
     return statistics.median(a / b for a, b in zip(times[num], times[den]))
