@@ -19,6 +19,8 @@ from xfam_lib.attention import (
     KVCache,
     MultiHeadAttention,
     attention_entropy,
+    attention_reference,
+    causal_mask,
     attention_with_lse,
     logn_scale,
     merge_partials,
@@ -561,8 +563,8 @@ def test_largest_intermediate_ignores_views(gen):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_tiled_attention_on_cuda_matches_torch_M3_11(dtype):
     """On a GPU: tiled ≡ PyTorch's SDPA (outputs and gradients) and its allocator peak stays far below L²."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", generator=gen, dtype=dtype).requires_grad_()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 300, 64, generator=gen).to("cuda", dtype).requires_grad_()
                for _ in range(3))
     out = tiled_attention(q, k, v, causal=True, block_q=64, block_k=48)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -576,3 +578,40 @@ def test_tiled_attention_on_cuda_matches_torch_M3_11(dtype):
         tiled = peak_memory(lambda: tiled_attention(x, x, x), "cuda")
         naive = peak_memory(lambda: scaled_dot_product_attention(x, x, x, return_weights=True), "cuda")
     assert tiled * 8 <= naive
+
+
+@pytest.mark.parametrize("d_k,d_v", [(14, 14), (12, 20), (5, 8)])
+def test_zero_padded_head_size_changes_nothing(d_k, d_v, gen):
+    """The CUDA path pads head sizes to a multiple of 8 so the fused kernels accept them: padding q, k
+    and v with zero columns, with the scale of the unpadded size, gives the same output once the
+    extra columns of the result are sliced off (outputs and gradients, fp64, causal and masked)."""
+    from xfam_lib.attention import _pad_head_dim
+    q, k = (torch.randn(2, 3, 9, d_k, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(2))
+    v = torch.randn(2, 3, 9, d_v, generator=gen, dtype=torch.float64).requires_grad_()
+    mask = torch.rand(2, 1, 9, 9, generator=gen) < 0.7
+    for kw in (dict(is_causal=True), dict(attn_mask=mask | torch.eye(9, dtype=torch.bool))):
+        ref = F.scaled_dot_product_attention(q, k, v, scale=d_k ** -0.5, **kw)
+        padded = F.scaled_dot_product_attention(*(_pad_head_dim(t) for t in (q, k, v)), scale=d_k ** -0.5,
+                                                **kw)
+        assert padded.shape[-1] % 8 == 0
+        out = padded[..., :d_v]
+        assert_close(out, ref)
+        cot = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+        for a, b in zip(grads(out, (q, k, v), cot), grads(ref, (q, k, v), cot)):
+            assert_close(a, b)
+
+
+@pytest.mark.gpu
+def test_cuda_attention_memory_is_linear_for_any_head_size():
+    """On a GPU, head size 14 (the arena's softmax model) gets a fused kernel, not SDPA's math path
+    that stores the (L, L) scores: the peak at L = 8192 stays far below the 256 MiB of fp32 scores."""
+    gen = torch.Generator().manual_seed(0)
+    for d in (14, 16):
+        x = torch.randn(1, 1, 8192, d, generator=gen).to("cuda").requires_grad_()
+        with torch.no_grad():
+            peak = peak_memory(lambda: scaled_dot_product_attention(x, x, x, causal=True), "cuda")
+        assert peak < 32 * 2**20, f"head size {d}: {peak / 2**20:.0f} MiB"
+        out = scaled_dot_product_attention(x, x, x, causal=True)
+        x64 = x.detach().double().cpu()                              # the last 64 queries, against fp64
+        ref, _ = attention_reference(x64[..., -64:, :], x64, x64, causal_mask(64, 8192), scale=d ** -0.5)
+        assert_close(out[..., -64:, :].detach().cpu().double(), ref, rtol=1e-4, atol=1e-5)

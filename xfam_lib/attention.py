@@ -232,22 +232,38 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return out.to(in_dtype), weights.to(in_dtype)
 
     # Fused path. Rows with no allowed key are opened up (so the kernel never sees an empty row)
-    # and their output is zeroed afterwards; this keeps outputs and gradients finite.
+    # and their output is zeroed afterwards; this keeps outputs and gradients finite. Done for
+    # every row without asking first whether any row is empty: that question would cost a host
+    # synchronisation on a GPU at every call.
     empty_rows = None
     if mask is not None:
-        row_has_key = mask.any(dim=-1, keepdim=True)
-        if not bool(row_has_key.all()):
-            empty_rows = ~row_has_key
-            mask = mask | empty_rows
+        empty_rows = ~mask.any(dim=-1, keepdim=True)                # (..., Lq, 1)
+        mask = mask | empty_rows
     attn_mask = mask
     if bias is not None:
         # the kernel wants the mask in q's dtype: with a bias, run it in fp32 so the bias is not rounded
         q, k, v = q.to(work), k.to(work), v.to(work)
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    d_v = v.shape[-1]
+    if q.is_cuda:
+        q, k, v = _pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=fused_causal, scale=scale)
+    out = out[..., :d_v]
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
     return out.to(in_dtype)
+
+
+def _pad_head_dim(t: torch.Tensor, multiple: int = 8) -> torch.Tensor:
+    """Zero-pad the head size (dim -1) to a multiple of ``multiple``, for CUDA only.
+
+    PyTorch's fused CUDA kernels (FlashAttention, memory-efficient) accept head sizes that are a
+    multiple of 8; for any other size SDPA silently takes its math path, which stores the
+    ``(Lq, Lk)`` scores (1.4 GiB at L = 8192 for head size 14). Zero columns change neither
+    ``q k^T`` nor, once sliced off, ``P v``; the caller passes the scale of the unpadded size.
+    """
+    extra = -t.shape[-1] % multiple
+    return F.pad(t, (0, extra)) if extra else t
 
 
 # ----------------------------------------------------------------------------- GQA helper
