@@ -65,7 +65,7 @@ def test_universal_transformer_shares_one_layer_M6_1(gen):
     torch.manual_seed(0)
     ut = UniversalTransformer(16, 4, 32, 3).double()
     x = randn(2, 5, 16, gen=gen, requires_grad=True)
-    P = ut_coordinate_encoding(5, 3, 16).double()
+    P = ut_coordinate_encoding(5, 3, 16, dtype=torch.float64)
     one = UniversalTransformer(16, 4, 32, 1).double()
     one.layer.load_state_dict(ut.layer.state_dict())
     assert_close(one(x), ut.layer(x + P[0]))

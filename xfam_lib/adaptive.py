@@ -113,7 +113,8 @@ class UniversalTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None):
         check_tensor("x", x, rank=3, floating=True)
-        coords = ut_coordinate_encoding(x.shape[1], self.n_steps, x.shape[2]).to(x.device, x.dtype)
+        coords = ut_coordinate_encoding(x.shape[1], self.n_steps, x.shape[2], device=x.device,
+                                        dtype=x.dtype)
         if self.halt is None:
             for t in range(self.n_steps):
                 x = self.layer(x + coords[t], mask)
@@ -258,7 +259,7 @@ class MultiExitModel(nn.Module):
         """Token embeddings plus sinusoid positions: ``(B, L) -> (B, L, d_model)``."""
         check_tensor("ids", ids, rank=2)
         h = self.embed(ids)
-        return h + sinusoidal_encoding(ids.shape[1], h.shape[-1]).to(h.device, h.dtype)
+        return h + sinusoidal_encoding(ids.shape[1], h.shape[-1], device=h.device, dtype=h.dtype)
 
     def exit_head(self, h: torch.Tensor, n: int) -> torch.Tensor:
         """The logits of exit ``n`` for states ``h (..., d_model)``."""

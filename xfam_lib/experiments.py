@@ -267,7 +267,7 @@ class SpanLM(nn.Module):
         self.out = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, vocab))
 
     def forward(self, ids):
-        h = self.embed(ids) + sinusoidal_encoding(ids.shape[1], self.embed.embedding_dim).to(ids.device)
+        h = self.embed(ids) + sinusoidal_encoding(ids.shape[1], self.embed.embedding_dim, device=ids.device)
         for attn, norm, ffn in zip(self.attn, self.norms, self.ffn):
             h = h + attn(norm(h))
             h = h + ffn(h)
@@ -338,7 +338,7 @@ class UTSeq2Seq(nn.Module):
         if self.tied:
             h = self.core(h)
         else:
-            coords = ut_coordinate_encoding(ids.shape[1], self.n_steps, d).to(h.device, h.dtype)
+            coords = ut_coordinate_encoding(ids.shape[1], self.n_steps, d, device=h.device, dtype=h.dtype)
             for t, layer in enumerate(self.core):
                 h = layer(h + coords[t])
         return self.head(h)

@@ -68,24 +68,33 @@ def _check_positions(positions: torch.Tensor, length: int) -> None:
         raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
     if positions.numel() != length:
         raise ValueError(f"positions must have length L={length} (dim -2 of x), got {positions.numel()}")
-    if positions.numel() and int(positions.min()) < 0:
+    # The range is checked where it costs nothing: reading a GPU tensor's minimum would stop the
+    # host until the GPU catches up, at every decoded token. GPU positions are not range-checked.
+    if positions.device.type == "cpu" and positions.numel() and int(positions.min()) < 0:
         raise ValueError(f"positions must be non-negative, got min {int(positions.min())}")
 
 
 # ============================================================================= absolute positions (M4.1–M4.5)
-def sinusoidal_encoding(length: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
-    """Sinusoidal table ``(length, d_model)``: ``PE[p, 2i] = sin(p / base^(2i/d))``, ``PE[p, 2i+1] = cos(...)``."""
+def sinusoidal_encoding(length: int, d_model: int, base: float = 10000.0, *,
+                        device: torch.device | str | None = None,
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Sinusoidal table ``(length, d_model)``: ``PE[p, 2i] = sin(p / base^(2i/d))``, ``PE[p, 2i+1] = cos(...)``.
+
+    Computed in fp64 on ``device`` (so a GPU caller gets it without a copy from the host), returned
+    in ``dtype``.
+    """
     length = check_positive_int("length", length)
     d_model = check_positive_int("d_model", d_model)
     if d_model % 2:
         raise ValueError(f"d_model must be even for sin/cos pairs, got {d_model}")
     if base <= 0:
         raise ValueError(f"base must be positive, got {base}")
-    angles = torch.arange(length, dtype=torch.float64)[:, None] * rope_frequencies(d_model, base, dtype=torch.float64)
-    pe = torch.empty(length, d_model, dtype=torch.float64)
+    angles = (torch.arange(length, dtype=torch.float64, device=device)[:, None]
+              * rope_frequencies(d_model, base, dtype=torch.float64, device=device))
+    pe = torch.empty(length, d_model, dtype=torch.float64, device=device)
     pe[:, 0::2] = torch.sin(angles)
     pe[:, 1::2] = torch.cos(angles)
-    return pe.float()
+    return pe.to(dtype)
 
 
 def sinusoidal_wavelengths(d_model: int, base: float = 10000.0) -> torch.Tensor:
@@ -114,17 +123,21 @@ def sinusoidal_shift_matrix(delta: float, d_model: int, base: float = 10000.0) -
     return torch.block_diag(*blocks)
 
 
-def ut_coordinate_encoding(length: int, n_steps: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+def ut_coordinate_encoding(length: int, n_steps: int, d_model: int, base: float = 10000.0, *,
+                           device: torch.device | str | None = None,
+                           dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The Universal Transformer's coordinate embedding ``(n_steps, length, d_model)`` (M6.2).
 
     ``P[t - 1, p] = PE[p] + PE[t]`` for recurrence steps ``t = 1 .. n_steps`` and positions ``p``, with
     ``PE`` the `sinusoidal_encoding`: the position and step sinusoids are added (the "⊕" of the
     sources, ERRATA E6.1). Step ``t`` adds ``P[t - 1]`` to the state before the shared layer.
+    Computed on ``device`` in fp64, returned in ``dtype``.
     """
     n_steps = check_positive_int("n_steps", n_steps)
-    positions = sinusoidal_encoding(length, d_model, base)                          # (length, d)
-    steps = sinusoidal_encoding(n_steps + 1, d_model, base)[1:]                      # steps 1 .. n_steps
-    return positions.unsqueeze(0) + steps.unsqueeze(1)
+    table = dict(device=device, dtype=torch.float64)
+    positions = sinusoidal_encoding(length, d_model, base, **table)                 # (length, d)
+    steps = sinusoidal_encoding(n_steps + 1, d_model, base, **table)[1:]             # steps 1 .. n_steps
+    return (positions.unsqueeze(0) + steps.unsqueeze(1)).to(dtype)
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -145,7 +158,7 @@ class LearnedPositionalEmbedding(nn.Module):
             _check_positions(positions, positions.numel())
         else:
             positions = torch.arange(check_positive_int("positions", positions), device=self.weight.device)
-        if positions.numel() and int(positions.max()) >= self.max_len:
+        if positions.device.type == "cpu" and positions.numel() and int(positions.max()) >= self.max_len:
             raise ValueError(f"position {int(positions.max())} is beyond max_len={self.max_len}: a learned table "
                              f"has no row for it")
         return self.weight[positions]
@@ -273,11 +286,11 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, *, base: 
         cos, sin = _cos_sin(max(length, 1), d, base, x.device)
         cos, sin = cos[:length], sin[:length]                                    # views, no copy
     else:
+        # the angles of these positions, computed as the table computes them (the same fp32 products);
+        # no table lookup, which would need max(positions) on the host
         _check_positions(positions, length)
-        n_needed = int(positions.max()) + 1 if positions.numel() else 1
-        cos, sin = _cos_sin(n_needed, d, base, x.device)
-        positions = positions.to(x.device)
-        cos, sin = cos[positions], sin[positions]                                # (L, d/2)
+        angles = positions.to(x.device, torch.float32)[:, None] * rope_frequencies(d, base, device=x.device)
+        cos, sin = angles.cos(), angles.sin()                                    # (L, d/2)
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     return _RopeFunction.apply(x.to(compute), cos.to(compute), sin.to(compute), bool(interleaved)).to(x.dtype)
 
@@ -587,7 +600,7 @@ class XLRelativeAttention(_RelativeAttentionBase):
 
     def _project_distances(self, n: int, device, dtype) -> torch.Tensor:
         """``W_kR`` applied to the sinusoid encodings of distances ``0 .. n-1``: ``(H, n, d_head)``."""
-        table = sinusoidal_encoding(n, self.d_model).to(device, dtype)
+        table = sinusoidal_encoding(n, self.d_model, device=device, dtype=dtype)
         return self.r_proj(table).view(n, self.n_heads, self.d_head).transpose(0, 1)
 
     def distance_keys(self, k_len: int, *, max_len: int = 0, device=None, dtype=None) -> torch.Tensor:
