@@ -520,7 +520,7 @@ def test_selective_scan_factored_chunks_in_groups_M9_9(bc, group_elements, gen, 
     two chunks with a shorter last group (5 chunks of 5, the last one ragged), the result still ≡ the step
     loop, gradients included (fp64); without autograd (group buffers reused) too."""
     import xfam_lib.ssm as ssm
-    monkeypatch.setattr(ssm, "_GROUP_ELEMENTS", group_elements)       # 240 // (2 * 4 * 5 * 3) = 2 chunks
+    monkeypatch.setitem(ssm._GROUP_ELEMENTS, "cpu", group_elements)   # 240 // (2 * 4 * 5 * 3) = 2 chunks
     u, delta, A, B, C = scan_inputs(gen, L=23, bc=bc, delta_scale=0.5)
     params = (u, delta, A, B, C)
     assert ssm._factored_chunk_size(delta.detach(), A.detach(), 5) == 5

@@ -171,16 +171,17 @@ def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Sums of the entries before each index along ``dim`` (index 0 gets exactly 0).
 
     No later entry ever enters an earlier sum, not even as a rounding residue (an inclusive sum minus
-    the entry itself would leak one). Without autograd, large slices are summed by a loop of adds
-    written in place: torch's ``cumsum`` along a middle dimension was 3.5x slower here (4.2 ms
-    against 1.2 ms for 64 slices of 8 x 64 x 64).
+    the entry itself would leak one). Without autograd, on a CPU, large slices are summed by a loop
+    of adds written in place: torch's ``cumsum`` along a middle dimension was 3.5x slower on a 2-core
+    CPU (4.2 ms against 1.2 ms for 64 slices of 8 x 64 x 64). On a GPU the loop would be one kernel
+    launch per slice, so ``cumsum`` is used there.
     """
     n = x.shape[dim]
     if x.requires_grad and torch.is_grad_enabled():                   # autograd has no out=: one concatenation
         return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), x.narrow(dim, 0, n - 1).cumsum(dim)], dim)
     out = torch.empty_like(x)
     out.narrow(dim, 0, 1).zero_()
-    if x.numel() // n >= _LOOP_SLICE:
+    if x.device.type == "cpu" and x.numel() // n >= _LOOP_SLICE:
         for i in range(1, n):
             torch.add(out.select(dim, i - 1), x.select(dim, i - 1), out=out.select(dim, i))
     else:
@@ -338,9 +339,11 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int, scale: float = 1.0):
     b_end = b[..., -1:, :].clone()                                   # (..., n, 1, d_k): whole-chunk decay
     chunk_decay = b_end.exp()                                        # (..., n, 1, d_k)
     factored = bool((b_end >= -_SAFE_LOG_DECAY).all())
-    # Without autograd the factored form reuses its buffers (exp, divide, scale in place): each fresh
-    # temporary of this size costs page faults on first touch, which took up to a third of the time here.
-    reuse = factored and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, log_g, state)))
+    # On a CPU without autograd the factored form reuses its buffers (exp, divide, scale in place): each
+    # fresh temporary of this size costs page faults on first touch, up to a third of the time on a
+    # 2-core CPU. A GPU's caching allocator hands out memory already touched, so there is no reuse there.
+    reuse = factored and q.device.type == "cpu" and not (
+        torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, log_g, state)))
     decayed = b.exp_() if reuse else b.exp()                         # exp(b_i) <= 1
     q_in = qc * decayed                                              # query reads decayed from the chunk start
     if factored:
@@ -557,6 +560,21 @@ def orthogonal_gaussian(m: int, d: int, seed: int = 0, *, dtype: torch.dtype = t
     return (rows * norms).to(dtype)
 
 
+_FEATURES: dict[tuple, torch.Tensor] = {}
+
+
+def _performer_features(m: int, d: int, seed: int, orthogonal: bool, device, dtype) -> torch.Tensor:
+    """Performer's ``W (m, d)`` for ``seed``, drawn on the CPU once and kept on ``device``: a model
+    calls `performer_attention` with the same seed at every step, and a QR on the CPU plus a copy
+    to the GPU at every step would stall it. Built outside inference mode, as it outlives the call."""
+    key = (m, d, seed, orthogonal, str(device), dtype)
+    if key not in _FEATURES:
+        with torch.inference_mode(False):
+            W = orthogonal_gaussian(m, d, seed) if orthogonal else torch.randn(m, d, generator=_generator(seed))
+            _FEATURES[key] = W.to(device=device, dtype=dtype)
+    return _FEATURES[key]
+
+
 def random_feature_kernel(x: torch.Tensor, y: torch.Tensor, W: torch.Tensor, kind: str = "positive") -> torch.Tensor:
     """Random-feature estimate of the softmax kernel ``exp(x . y)``: ``x (..., n, d)``, ``y (..., n', d)`` → ``(..., n, n')``.
 
@@ -621,8 +639,7 @@ def performer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_fea
     in_dtype = q.dtype
     cdtype = _compute_dtype(in_dtype)
     if W is None:
-        W = orthogonal_gaussian(n_features, d, seed) if orthogonal else torch.randn(n_features, d, generator=_generator(seed))
-        W = W.to(device=q.device, dtype=cdtype)
+        W = _performer_features(n_features, d, seed, orthogonal, q.device, cdtype)
     else:
         _check_features_W(q, W)
         if W.shape[0] != n_features:

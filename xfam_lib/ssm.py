@@ -557,7 +557,7 @@ def _chunk_scan(log_decay, drive, C_l, chunk_size):
 
 _FACTOR_LIMIT = {torch.float32: 40.0, torch.float64: 300.0}   # largest |log| of a decay factor, per dtype
 _MIN_FACTORED_CHUNK = 4
-_GROUP_ELEMENTS = 2 ** 19                                     # state entries per group of chunks (2 MiB in fp32)
+_GROUP_ELEMENTS = {"cpu": 2 ** 19, "gpu": 2 ** 26}             # state entries per group of chunks (2 / 256 MiB fp32)
 
 
 def _chunk_cumsum(dt: torch.Tensor, size: int) -> torch.Tensor:
@@ -598,9 +598,11 @@ def _factored_chunk_scan(dt, dtu, A, B_l, C_l, size: int):
     steps (``x_out = exp(A c_end) x_in + E_end * sum``). Centring on ``m`` halves the largest exponent,
     so `_factored_chunk_size` allows chunks twice as long. Memory traffic, not arithmetic, bounds this on
     a CPU, so the work is laid out for it: states as ``(b, d, N, chunk, step)``, time innermost, so
-    that every broadcast runs along long contiguous rows, and the chunks taken in groups of about
-    ``_GROUP_ELEMENTS`` state entries whose buffers stay in cache while they are updated in place. A
-    ragged last chunk is padded with ``delta = 0`` and zero drive.
+    that every broadcast runs along long contiguous rows, and, on a CPU only, the chunks taken in
+    groups of about ``_GROUP_ELEMENTS["cpu"]`` state entries whose buffers stay in cache while they
+    are updated in place. A GPU takes groups 128 times larger, only to bound the memory: each group
+    costs a kernel launch per operation there. A ragged last chunk is padded with ``delta = 0`` and
+    zero drive.
     """
     batch, dim, length = dt.shape
     n, pad = A.shape[-1], -length % size
@@ -618,10 +620,11 @@ def _factored_chunk_scan(dt, dtu, A, B_l, C_l, size: int):
     entry_scale = torch.exp2(middle[:, :, None, :, 0] * rate)            # (b, d, N, c): exp(A m)
     centred, dtu_c = (cum - middle)[:, :, None], chunked(dtu)[:, :, None]   # (b, d, 1, c, size)
     B_c, C_c = (chunked(t.transpose(-1, -2)) for t in (B_l, C_l))      # (b|1, d|1, N, c|1, size|1)
-    group = max(1, _GROUP_ELEMENTS // (batch * dim * size * n))
-    # Without autograd the two group buffers are allocated once and reused: a fresh megabyte costs its
-    # page faults, more than the arithmetic on it. With autograd every group keeps its own.
-    reuse = not (torch.is_grad_enabled() and any(t.requires_grad for t in (dt, dtu, A, B_l, C_l)))
+    on_cpu = dt.device.type == "cpu"
+    group = max(1, _GROUP_ELEMENTS["cpu" if on_cpu else "gpu"] // (batch * dim * size * n))
+    # On a CPU without autograd the two group buffers are allocated once and reused: a fresh megabyte
+    # costs its page faults, more than the arithmetic on it. With autograd every group keeps its own.
+    reuse = on_cpu and not (torch.is_grad_enabled() and any(t.requires_grad for t in (dt, dtu, A, B_l, C_l)))
     buffers = [dt.new_empty(batch, dim, n, group, size) for _ in range(2)] if reuse else None
     y = dt.new_empty(batch, dim, n_chunks, size) if reuse else None
 
