@@ -612,11 +612,11 @@ def test_block_sparse_bad_input_M7_1(gen):
 def test_sparse_kernels_on_cuda_match_torch_M7_1_M7_2(dtype):
     """On a GPU: both kernels ≡ PyTorch's SDPA with the explicit mask (outputs and gradients), results stay on the
     device, and the sliding window's allocator peak stays far below dense attention's."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 256, 32, device="cuda", generator=gen, dtype=dtype).requires_grad_()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 256, 32, generator=gen).to("cuda", dtype).requires_grad_()
                for _ in range(3))
     band = sliding_window_mask(256, 16, causal=True, device="cuda")
-    layout = (torch.rand(4, 8, 8, device="cuda", generator=gen) < 0.4) | torch.eye(8, dtype=torch.bool, device="cuda")
+    layout = (torch.rand(4, 8, 8, generator=gen).to("cuda") < 0.4) | torch.eye(8, dtype=torch.bool, device="cuda")
     for out, mask in ((sliding_window_attention(q, k, v, 16, causal=True, block_size=48), band),
                       (block_sparse_attention(q, k, v, layout, 32), expand_layout(layout, 32))):
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

@@ -530,9 +530,9 @@ def test_linear_bad_input_names_the_argument(gen):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_and_gla_on_cuda_M8_9_M8_13(dtype):
     """On a GPU: every mode runs where the inputs live, keeps the dtype, and agrees with the CPU fp64 loop."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 300, 32, device="cuda", generator=gen, dtype=dtype) for _ in range(3))
-    log_g = -torch.rand(2, 4, 300, 32, device="cuda", generator=gen).to(dtype)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 300, 32, generator=gen).to("cuda", dtype) for _ in range(3))
+    log_g = -torch.rand(2, 4, 300, 32, generator=gen).to("cuda", dtype)
     cpu = [x.double().cpu() for x in (q, k, v, log_g)]
     want = ref_linear_attention(*cpu[:3], PHI["elu"], causal=True, normalize=True)
     want_gla, _ = ref_gla(*cpu, 32 ** -0.5)
