@@ -229,3 +229,14 @@ def test_t5_module_slices_one_bucket_table_while_decoding_M4_8():
 def test_t5_bad_inputs_M4_8(call, err, match):
     with pytest.raises(err, match=match):
         call()
+
+
+def test_xl_relative_scores_accumulate_half_inputs_in_fp32_M4_13(gen):
+    """bf16 inputs: the two products are added in fp32 and rounded once, so the scores are the fp64
+    scores of the same (rounded) inputs to within one bf16 rounding, not two."""
+    q, k, r = (torch.randn(2, 6, 9, 16, generator=gen).bfloat16() for _ in range(3))
+    u, v = (torch.randn(2, 1, 16, generator=gen).bfloat16() for _ in range(2))
+    got = xl_relative_scores(q, k[..., :9, :], r[..., :9, :], u, v)
+    want = xl_relative_scores_reference(*(t.double() for t in (q, k[..., :9, :], r[..., :9, :], u, v)))
+    assert got.dtype == torch.bfloat16
+    assert_close(got.double(), want, rtol=2 ** -8, atol=1e-6)

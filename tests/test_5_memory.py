@@ -665,3 +665,15 @@ def test_momentum_and_forgetting_follow_the_titans_recursion_M5_11(gen):
 def test_bad_arguments_raise_naming_them(call, exc, words):
     with pytest.raises(exc, match=words):
         call()
+
+
+def test_conv_compressor_with_fewer_rows_than_the_ratio_keeps_no_slot_M5_3(gen):
+    """Evicting fewer rows than the ratio adds no compressed slot with the conv compressor too (the mean
+    and max compressors already did); it used to call conv1d on a length-0 input and crash."""
+    torch.manual_seed(0)
+    memory = CompressiveMemory(8, 6, 3, "conv", d_model=16)
+    h = torch.randn(2, 10, 16, generator=gen)
+    with torch.no_grad():
+        mem, cmem, old = memory.update(None, torch.zeros(2, 0, 16), h)
+    assert old.shape == (2, 2, 16) and cmem.shape == (2, 0, 16)
+    assert_close(mem, h[:, -8:])

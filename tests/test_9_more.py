@@ -493,3 +493,18 @@ def test_every_layer_parameter_gets_a_gradient_M9_5_M9_7_M9_10(make, gen):
     layer(randn(2, 6, 4, gen=gen)).square().sum().backward()
     for name, p in layer.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_s4d_layer_runs_in_bf16_with_its_modes_in_fp32_M9_5(gen):
+    """A bf16 S4D layer (the arena's s4d family in bf16) computes its complex modes in fp32 instead of
+    failing in view_as_complex, and matches its fp32 twin to bf16 accuracy."""
+    torch.manual_seed(0)
+    layer = S4DLayer(8, 16)
+    half = S4DLayer(8, 16).bfloat16()
+    half.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 32, 8, generator=gen)
+    y = half(x.bfloat16())
+    assert y.dtype == torch.bfloat16
+    twin = S4DLayer(8, 16)
+    twin.load_state_dict({n: p.bfloat16().float() for n, p in half.state_dict().items()})
+    assert_close(y.float(), twin(x.bfloat16().float()), rtol=4e-2, atol=2e-2)

@@ -105,3 +105,16 @@ def test_cached_decoding_logits_equal_recomputation_for_every_positional_option(
         pieces = [model(ids[:, :5], cache=cache)] + [model(ids[:, t:t + 1], cache=cache) for t in range(5, 9)]
         pieces.append(model(ids[:, 9:], cache=cache))
     assert_close(torch.cat(pieces, 1), full, name=f"{kind}: cached vs full logits")
+
+
+def test_rope_layer_refuses_cross_attention():
+    """RoPE rotates positions of one sequence: a layer built with rope= attending to kv= (another
+    sequence, whose CrossKVCache keeps unrotated keys) raises instead of mixing the two numberings."""
+    from xfam_lib.attention import CrossKVCache, MultiHeadAttention
+    from xfam_lib.positional import RotaryEmbedding
+    layer = MultiHeadAttention(16, 2, rope=RotaryEmbedding())
+    x, memory = torch.randn(1, 3, 16), torch.randn(1, 5, 16)
+    for cache in (None, CrossKVCache()):
+        with pytest.raises(ValueError, match="rope= is for self-attention"):
+            layer(x, kv=memory, cache=cache)
+    assert layer(x, causal=True).shape == x.shape

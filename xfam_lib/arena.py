@@ -240,12 +240,11 @@ def mixer_step(mixer: nn.Module, x_t: torch.Tensor, state):
         _, h = mixer.gru(x_t[:, None], state[None])
         return h[0], h[0]
     if isinstance(mixer, S4DLayer):                     # h = exp(dt A) h + u;  y = 2 Re <C dt phi1(dt A), h> + D u
-        ssm = mixer.ssm
-        A = torch.complex(-torch.exp(ssm.log_A_re), ssm.A_im)
-        dtA = torch.exp(ssm.log_dt)[:, None] * A
-        C_bar = torch.view_as_complex(ssm.C) * (torch.exp(dtA) - 1) / A         # C * B_bar (ZOH), B = 1
+        log_dt, A, C = mixer.ssm.modes()
+        dtA = torch.exp(log_dt)[:, None] * A
+        C_bar = C * (torch.exp(dtA) - 1) / A                                     # C * B_bar (ZOH), B = 1
         state = torch.exp(dtA) * state + x_t[..., None]
-        y = 2 * (C_bar * state).sum(-1).real + mixer.D * x_t
+        y = (2 * (C_bar * state).sum(-1).real).to(x_t.dtype) + mixer.D * x_t
         return F.glu(mixer.out(F.gelu(y)), dim=-1), state
     B, D = x_t.shape
     q, k, v = (t.view(B, mixer.n_heads, 1, D // mixer.n_heads) for t in mixer.qkv(x_t).chunk(3, dim=-1))

@@ -411,6 +411,9 @@ class MultiHeadAttention(nn.Module):
             check_tensor("kv", kv, rank=3, floating=True)
             if kv.shape[0] != x.shape[0] or kv.shape[-1] != self.d_model:
                 raise ValueError(f"kv must be (B={x.shape[0]}, Lk, {self.d_model}), got {tuple(kv.shape)}")
+            if self.rope is not None:
+                raise ValueError("rope= is for self-attention: queries and the keys of kv= are positions of two "
+                                 "different sequences (and a CrossKVCache keeps its keys unrotated)")
         start = cache.length if isinstance(cache, KVCache) else 0
         q = self._rope(self._split(self.q_proj(x), self.n_heads), start)
 

@@ -211,6 +211,8 @@ class ConvCompressor(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_states("x", x, self.conv.in_channels)
         x = _whole_groups(x, self.ratio)
+        if x.shape[-2] == 0:                                    # fewer rows than one group: nothing to keep
+            return x
         return self.conv(x.transpose(1, 2)).transpose(1, 2)
 
 

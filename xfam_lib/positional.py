@@ -23,7 +23,7 @@ from torch import nn
 
 from .attention import (KVCache, _check_qkv, _combined_mask, _masked_softmax, _resolve_scale, causal_mask, repeat_kv,
                         scaled_dot_product_attention)
-from .utils import check_positive_int, check_tensor
+from .utils import check_positive_int, check_tensor, compute_dtype
 
 __all__ = [
     # absolute
@@ -548,17 +548,21 @@ def xl_relative_scores(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor, u: tor
     dims broadcast against those of ``q`` (e.g. ``(H, d)`` for one pair per head). Score ``(i, j)`` for ``j <= i'`` is
     ``(a) q_i k_j + (b) q_i r_{i'-j} + (c) u k_j + (d) v r_{i'-j}``; entries with ``j > i'`` are zero
     (mask them). ``terms=True`` returns the dict of the four ``(..., Lq, Lk)`` maps instead of their sum.
+    fp16/bf16 inputs are computed in fp32 (the two products are added before any rounding) and the
+    scores returned in the input dtype.
     """
     _check_xl(q, k, r, u, v)
+    in_dtype, work = q.dtype, compute_dtype(q.dtype)
+    q, k, r, u, v = (t.to(work) for t in (q, k, r, u, v))
     valid = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
     r_desc = r.flip(-2).transpose(-2, -1)                                                 # distances Lk-1 .. 0
     if terms:
         parts = {"a: content": q @ k.transpose(-2, -1), "b: content-position": rel_shift(q @ r_desc),
                  "c: global content": (u.unsqueeze(-2) @ k.transpose(-2, -1)).expand(*q.shape[:-1], k.shape[-2]),
                  "d: global position": rel_shift((v.unsqueeze(-2) @ r_desc).expand(*q.shape[:-1], k.shape[-2]))}
-        return {name: t.masked_fill(~valid, 0.0) for name, t in parts.items()}
+        return {name: t.masked_fill(~valid, 0.0).to(in_dtype) for name, t in parts.items()}
     scores = (q + u.unsqueeze(-2)) @ k.transpose(-2, -1) + rel_shift((q + v.unsqueeze(-2)) @ r_desc)
-    return scores.masked_fill(~valid, 0.0)
+    return scores.masked_fill(~valid, 0.0).to(in_dtype)
 
 
 def xl_relative_scores_reference(q, k, r, u, v):

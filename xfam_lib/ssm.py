@@ -737,8 +737,17 @@ class S4DKernel(torch.nn.Module):
         self.A_im = torch.nn.Parameter(A_im)
         self.C = torch.nn.Parameter(torch.view_as_real(torch.randn(channels, d_state // 2, dtype=torch.cfloat)))
 
+    def modes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(log_dt (H,), A (H, N/2), C (H, N/2))``, ``A`` and ``C`` complex; fp16/bf16 parameters are
+        taken in fp32 (complex numbers have no half-precision form here)."""
+        work = _work_dtype(self.C.dtype)
+        log_dt, log_A_re, A_im, C = (t.to(work) for t in (self.log_dt, self.log_A_re, self.A_im, self.C))
+        return log_dt, torch.complex(-torch.exp(log_A_re), A_im), torch.view_as_complex(C)
+
     def forward(self, length: int) -> torch.Tensor:
-        return s4d_kernel(self.log_dt, -torch.exp(self.log_A_re), self.A_im, torch.view_as_complex(self.C), length)
+        """The kernel ``(H, L)``, in fp32 for fp16/bf16 parameters."""
+        log_dt, A, C = self.modes()
+        return s4d_kernel(log_dt, A.real, A.imag, C, length)
 
 
 class S4DLayer(torch.nn.Module):
