@@ -1,14 +1,26 @@
-"""Shared pytest configuration: CUDA-only tests are skipped on machines without a GPU."""
+"""Shared pytest configuration: CUDA-only tests are skipped on machines without a GPU.
+
+``XFAM_GPU_TESTS_ON=cpu`` runs the ``gpu`` tests of tests/test_gpu.py on the CPU instead (a dry run of
+that module; its ``device`` fixture then yields the CPU). Other ``gpu`` tests still need CUDA.
+"""
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
+GPU_DRY_RUN_MODULE = Path(__file__).with_name("test_gpu.py")
+
 
 def pytest_collection_modifyitems(config, items):
+    on = os.environ.get("XFAM_GPU_TESTS_ON")
+    if on not in (None, "", "cpu"):
+        raise pytest.UsageError(f"XFAM_GPU_TESTS_ON must be 'cpu' (or unset), got {on!r}")
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
-        if "gpu" in item.keywords:
+        if "gpu" in item.keywords and not (on == "cpu" and item.path == GPU_DRY_RUN_MODULE):
             item.add_marker(skip)
 
 
