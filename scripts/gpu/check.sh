@@ -35,7 +35,7 @@ if [[ $parts == *notebooks* ]]; then
   OMP_NUM_THREADS=1 NB_TOTAL_TIMEOUT=${NB_TOTAL_TIMEOUT:-300} timeout ${NB_ALL_TIMEOUT:-330} \
     python3 .gpu/run_notebooks.py "$OUT" ${NB_PARALLEL:-10} $notebooks > "$OUT/notebooks.log" 2>&1 &
   nb=$!
-  OMP_NUM_THREADS=2 timeout 300 python3 -m pytest tests -q -p no:cacheprovider -rfE -n 3 --continue-on-collection-errors \
+  OMP_NUM_THREADS=2 timeout ${LIB_TIMEOUT:-300} python3 -m pytest tests -q -p no:cacheprovider -rfE -n ${LIB_WORKERS:-3} --continue-on-collection-errors \
     --ignore=tests/test_exercises.py --ignore=tests/test_grading.py > "$OUT/pytest_all.log" 2>&1
   echo "library suite rc=$? at ${SECONDS}s"; wait $nb
   cat "$OUT/notebooks.log"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_all.log" | cut -c1-300; tail -3 "$OUT/pytest_all.log"
