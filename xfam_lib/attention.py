@@ -89,9 +89,11 @@ def padding_mask(lengths, max_len: int | None = None, *, device: torch.device | 
     Broadcasts against scores ``(B, H, Lq, Lk)``; combine with a causal mask using ``&``.
     """
     lengths = torch.as_tensor(lengths, device=device)
-    if lengths.dim() != 1 or lengths.dtype.is_floating_point:
+    if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.is_complex() or lengths.dtype == torch.bool:
         raise ValueError(f"lengths must be a 1-D integer sequence, got shape {tuple(lengths.shape)} "
                          f"and dtype {lengths.dtype}")
+    if lengths.numel() == 0 and max_len is None:
+        raise ValueError("lengths is empty (a batch of 0): pass max_len, the mask's key length")
     if (lengths < 0).any():
         raise ValueError(f"lengths must be non-negative, got {lengths.tolist()}")
     max_len = int(lengths.max()) if max_len is None else check_positive_int("max_len", max_len)
@@ -166,10 +168,10 @@ def _check_bias(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> 
 
 def _resolve_scale(scale: float | None, q: torch.Tensor) -> float:
     """``1/sqrt(d_k)`` by default; otherwise ``scale``, which must be a positive finite number."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be a positive finite number, got {scale}")
-    return scale
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    return float(scale)
 
 
 def _masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -207,7 +209,8 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     ``mask`` (boolean, True = may attend) and ``bias`` must broadcast to the scores ``(..., Lq, Lk)``
     without enlarging them. ``causal`` is bottom-right aligned: query ``i`` sits at position
     ``Lk - Lq + i``, so with ``Lq > Lk`` the first ``Lq - Lk`` queries see no key. Rows with no allowed
-    key return zeros. ``scale`` defaults to ``1/sqrt(d_k)``. fp16/bf16 inputs are computed in fp32 and
+    key return zeros; otherwise a NaN in a query makes its output row NaN, on every path.
+    ``scale`` defaults to ``1/sqrt(d_k)``. fp16/bf16 inputs are computed in fp32 and
     returned in their own dtype; ``bias`` is used in fp32 then (never rounded to the half type).
 
     Without ``return_weights`` the result comes from PyTorch's fused kernel
@@ -248,7 +251,8 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if q.is_cuda:
         q, k, v = _pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=fused_causal, scale=scale)
-    out = out[..., :d_v]
+    # A NaN query makes its row NaN, as in the formula; PyTorch's fused CPU kernel returns 0 there instead.
+    out = out[..., :d_v].masked_fill(q.isnan().any(-1, keepdim=True), float("nan"))
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
     return out.to(in_dtype)

@@ -151,12 +151,12 @@ def _to_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
     pad = -length % chunk_size
     if pad:
         x = F.pad(x, (0, 0, 0, pad))
-    return x.reshape(x.shape[:-2] + (-1, chunk_size, x.shape[-1]))
+    return x.reshape(x.shape[:-2] + (x.shape[-2] // chunk_size, chunk_size, x.shape[-1]))
 
 
 def _from_chunks(x: torch.Tensor, length: int) -> torch.Tensor:
     """``(..., n, C, d)`` → ``(..., L, d)``, dropping the padding."""
-    return x.reshape(x.shape[:-3] + (-1, x.shape[-1]))[..., :length, :]
+    return x.reshape(x.shape[:-3] + (x.shape[-3] * x.shape[-2], x.shape[-1]))[..., :length, :]
 
 
 def _causal(n: int, device: torch.device) -> torch.Tensor:
@@ -369,6 +369,7 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int, scale: float = 1.0):
 
 
 def _resolve_scale(scale, d_k: int) -> float:
+    """``1/sqrt(d_k)`` by default; otherwise ``scale``, which must be a positive finite real number."""
     scale = 1.0 / math.sqrt(d_k) if scale is None else scale
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
@@ -399,7 +400,7 @@ def gated_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo
     _check_mode(mode, _GLA_MODES)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     scale = _resolve_scale(scale, q.shape[-1])
-    low, high = torch.aminmax(log_g.detach())                        # one pass; NaN makes both NaN
+    low, high = torch.aminmax(log_g.detach()) if log_g.numel() else (log_g.new_zeros(()),) * 2   # NaN: both NaN
     if not (bool(low > float("-inf")) and bool(high <= 0)):
         bad = log_g.detach()[~(torch.isfinite(log_g) & (log_g <= 0))]
         raise ValueError(f"log_g must be finite and <= 0 (log forget gates), got {bad.numel()} bad entries "

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import (KVCache, _check_qkv, _combined_mask, _masked_softmax, _resolve_scale, causal_mask, repeat_kv,
+from .attention import (KVCache, _check_bias, _check_qkv, _combined_mask, _masked_softmax, _resolve_scale, causal_mask, repeat_kv,
                         scaled_dot_product_attention)
 from .utils import check_positive_int, check_tensor, compute_dtype
 
@@ -395,6 +395,7 @@ def shaw_relative_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r
     """
     _check_qkv(q, k, v)
     _check_shaw_tables(q, v, rel_k, rel_v, max_distance)
+    _check_bias(bias, q, k)
     scale = _resolve_scale(scale, q)
     lq, lk = q.shape[-2], k.shape[-2]
     idx = shaw_relative_positions(lq, lk, max_distance, device=q.device)               # (Lq, Lk)
@@ -529,8 +530,18 @@ def rel_shift_reference(x: torch.Tensor) -> torch.Tensor:
 
 
 def _check_xl(q, k, r, u, v):
-    for name, t in (("q", q), ("k", k), ("r", r), ("u", u), ("v", v)):
+    for name, t in (("q", q), ("k", k), ("r", r)):
+        check_tensor(name, t, min_rank=2, floating=True)
+    for name, t in (("u", u), ("v", v)):
         check_tensor(name, t, min_rank=1, floating=True)
+        lead = q.shape[:-2]
+        try:
+            fits = torch.broadcast_shapes(t.shape[:-1], lead) == lead
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{name}'s leading dims must broadcast to those of q {tuple(lead)} (e.g. (H, d) for one "
+                             f"vector per head), got {name} {tuple(t.shape)} and q {tuple(q.shape)}")
     lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     if k.shape[-1] != d or r.shape[-1] != d or u.shape[-1] != d or v.shape[-1] != d:
         raise ValueError(f"q, k, r, u, v must share the feature size d={d}: q {tuple(q.shape)}, k {tuple(k.shape)}, "

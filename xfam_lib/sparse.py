@@ -1162,6 +1162,9 @@ def dca_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pretrain_le
     if k.shape[-2] != length:
         raise ValueError(f"dca_attention is causal self-attention and needs Lq == Lk, got q {tuple(q.shape)} "
                          f"and k {tuple(k.shape)}")
+    if q.shape[-1] % 2:
+        raise ValueError(f"dca_attention rotates q and k by RoPE, which needs an even head size d_k; got q "
+                         f"{tuple(q.shape)} and k {tuple(k.shape)}")
     pretrain_len, chunk, local_window = _check_dca(pretrain_len, chunk, local_window)
     in_dtype = q.dtype
     work = _compute_dtype(in_dtype)

@@ -177,6 +177,9 @@ def discretize(A: torch.Tensor, B: torch.Tensor, delta, method: str = "zoh"):
         if method == "zoh":
             A_bar, B_bar = torch.exp(dA), _phi1(dA) * dB
         elif method == "bilinear":
+            if bool((dA == 2).any()):
+                raise ValueError(f"{fn}(method='bilinear') needs delta * A != 2 (the pole of the bilinear map, "
+                                 f"where 1 - delta A / 2 = 0); got it for A {tuple(A.shape)}")
             A_bar, B_bar = (1 + dA / 2) / (1 - dA / 2), dB / (1 - dA / 2)
         else:
             A_bar, B_bar = 1 + dA, dB
@@ -197,8 +200,13 @@ def discretize(A: torch.Tensor, B: torch.Tensor, delta, method: str = "zoh"):
                              f"method. ({err})") from None
     elif method == "bilinear":
         left = eye - dA / 2
-        A_bar = torch.linalg.solve(left, eye + dA / 2)
-        B_bar = torch.linalg.solve(left, dB[..., None])[..., 0]
+        try:
+            A_bar = torch.linalg.solve(left, eye + dA / 2)
+            B_bar = torch.linalg.solve(left, dB[..., None])[..., 0]
+        except torch.linalg.LinAlgError as err:
+            raise ValueError(f"{fn}(method='bilinear') needs I - delta A / 2 invertible; for A {tuple(A.shape)} it "
+                             f"is singular (delta A has an eigenvalue 2, the pole of the bilinear map). "
+                             f"({err})") from None
     else:
         A_bar, B_bar = eye + dA, dB
     return A_bar.expand(batch + (n, n)).contiguous().to(out), B_bar.expand(batch + (n,)).contiguous().to(out)
@@ -575,6 +583,8 @@ def _factored_chunk_size(dt: torch.Tensor, A: torch.Tensor, chunk_size: int) -> 
     """
     length = dt.shape[-1]
     size, smallest = min(chunk_size, length), min(_MIN_FACTORED_CHUNK, length)
+    if dt.numel() == 0:                                                 # a batch of 0: any size is safe
+        return size
     a_max, limit = A.abs().amax(-1)[:, None], _FACTOR_LIMIT[dt.dtype]   # (d, 1)
     while size >= smallest:
         cum = _chunk_cumsum(dt, size)
@@ -621,7 +631,7 @@ def _factored_chunk_scan(dt, dtu, A, B_l, C_l, size: int):
     centred, dtu_c = (cum - middle)[:, :, None], chunked(dtu)[:, :, None]   # (b, d, 1, c, size)
     B_c, C_c = (chunked(t.transpose(-1, -2)) for t in (B_l, C_l))      # (b|1, d|1, N, c|1, size|1)
     on_cpu = dt.device.type == "cpu"
-    group = max(1, _GROUP_ELEMENTS["cpu" if on_cpu else "gpu"] // (batch * dim * size * n))
+    group = max(1, _GROUP_ELEMENTS["cpu" if on_cpu else "gpu"] // (max(batch, 1) * dim * size * n))
     # On a CPU without autograd the two group buffers are allocated once and reused: a fresh megabyte
     # costs its page faults, more than the arithmetic on it. With autograd every group keeps its own.
     reuse = on_cpu and not (torch.is_grad_enabled() and any(t.requires_grad for t in (dt, dtu, A, B_l, C_l)))
@@ -651,7 +661,7 @@ def _factored_chunk_scan(dt, dtu, A, B_l, C_l, size: int):
         else:
             ys.append(states.sum(2))
     y = y if reuse else torch.cat(ys, dim=2)
-    return y.reshape(batch, dim, -1)[:, :, :length], x
+    return y.reshape(batch, dim, n_chunks * size)[:, :, :length], x
 
 
 # ----------------------------------------------------------------------------- S4D (M9.5)
