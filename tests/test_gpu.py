@@ -38,6 +38,8 @@ from xfam_lib.ssm import (H3Layer, MambaBlock, S4DLayer, discretize, h3_mix, s4d
 from xfam_lib.testing import assert_close
 from xfam_lib.transformer import TransformerLM, generate
 
+from test_9_more import h3_loop
+
 pytestmark = pytest.mark.gpu
 
 F64 = torch.float64
@@ -534,19 +536,6 @@ def test_s4d_layer(dtype, device, gen):
     x, xr = split(draw(gen, 2, 60, 16), device, dtype)
     with torch.no_grad():
         check(dev(x), ref(xr), device, dtype, "s4d layer", **module_tol(dtype))
-
-
-def h3_loop(q, k, v, shift_K, diag_K, D):
-    """H3 by a double loop over positions: ``k̄_s = Σ_r shift_K[r] k_{s-r}``,
-    ``o_t[j] = Σ_i q_t[i] (Σ_{s<=t} diag_K[i, j, t-s] k̄_s[i] v_s[j] + D[i, j] k̄_t[i] v_t[j])``."""
-    L = q.shape[1]
-    k_bar = torch.stack([sum(shift_K[..., r] * k[:, s - r] for r in range(s + 1)) for s in range(L)], 1)
-    outs = []
-    for t in range(L):
-        state = sum(diag_K[..., t - s] * k_bar[:, s, :, :, None] * v[:, s, :, None, :] for s in range(t + 1))
-        state = state + D * k_bar[:, t, :, :, None] * v[:, t, :, None, :]
-        outs.append(torch.einsum("bhi,bhij->bhj", q[:, t], state))
-    return torch.stack(outs, 1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
