@@ -215,7 +215,9 @@ def test_etc_masks_M7_9():
     m = etc_masks(seg, radius=1)
     assert m["g2g"].all() and m["g2g"].shape == (3, 3)
     assert torch.equal(m["g2l"], loop_mask(3, 9, lambda g, j: seg[j] == g))        # each global sees its segment
-    assert torch.equal(m["l2g"], loop_mask(9, 3, lambda i, g: seg[i] == g))
+    assert m["l2g"].all() and m["l2g"].shape == (9, 3)                             # every long sees every global
+    # so any two long tokens are two hops apart (via the global of the reader's target segment)
+    assert hop_distances(m["full"])[3:, 3:].max() == 2
     assert torch.equal(m["l2l"], loop_mask(9, 9, lambda i, j: abs(i - j) <= 1))     # banded
     assert nnz(m["full"]) == sum(nnz(m[p]) for p in ("g2g", "g2l", "l2g", "l2l"))
     assert torch.equal(m["full"][3:, :3], m["l2g"]) and torch.equal(m["full"][:3, 3:], m["g2l"])

@@ -707,8 +707,9 @@ def etc_masks(segment_ids, radius: int, *, device: torch.device | str | None = N
     ``0 .. n_g - 1``; there is one global token per segment, so ``n_g = max + 1``. Returns
 
     * ``"g2g"`` ``(n_g, n_g)``: all True, the globals see each other;
-    * ``"g2l"`` ``(n_g, n_l)``: a global sees the long tokens of its own segment;
-    * ``"l2g"`` ``(n_l, n_g)``: a long token sees its own segment's global;
+    * ``"g2l"`` ``(n_g, n_l)``: a global sees the long tokens of its own segment (ETC's hard mask for
+      structured input);
+    * ``"l2g"`` ``(n_l, n_g)``: all True, a long token sees every global;
     * ``"l2l"`` ``(n_l, n_l)``: the band ``|i - j| <= radius``;
     * ``"full"`` ``((n_g + n_l), (n_g + n_l))``: the four pieces assembled, globals first.
     """
@@ -722,7 +723,8 @@ def etc_masks(segment_ids, radius: int, *, device: torch.device | str | None = N
     radius = _check_nonneg_int("radius", radius)
     n_g = int(seg.max()) + 1
     g2l = torch.arange(n_g, device=seg.device)[:, None] == seg[None, :]
-    parts = {"g2g": torch.ones(n_g, n_g, dtype=torch.bool, device=seg.device), "g2l": g2l, "l2g": g2l.T.clone(),
+    parts = {"g2g": torch.ones(n_g, n_g, dtype=torch.bool, device=seg.device), "g2l": g2l,
+             "l2g": torch.ones(seg.numel(), n_g, dtype=torch.bool, device=seg.device),
              "l2l": sliding_window_mask(seg.numel(), radius, device=seg.device)}
     parts["full"] = torch.cat([torch.cat([parts["g2g"], parts["g2l"]], 1),
                                torch.cat([parts["l2g"], parts["l2l"]], 1)], 0)
