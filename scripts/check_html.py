@@ -54,9 +54,11 @@ def figure_report(dom: str) -> dict:
     tags = re.findall(r"<img[^>]+_images/[^>]*>", dom)
     captioned = sum(len(re.findall(r"<img[^>]+_images/", block))
                     for block in re.findall(r"<figure\b.*?</figure>", dom, flags=re.S) if "<figcaption" in block)
-    shrunk = [float(m) for t in tags for m in re.findall(r'data-shown="([\d.]+)"', t) if float(m) < 0.7]
+    shown = [(float(m.group(1)), i) for i, t in enumerate(tags, 1) if (m := re.search(r'data-shown="([\d.]+)"', t))]
+    shrunk = sorted((ratio, i) for ratio, i in shown if ratio < 0.7)
     return {"images": len(tags), "uncaptioned": len(tags) - captioned, "below 70%": len(shrunk),
-            "alt is a path": sum(bool(re.search(r'alt="[^"]*_images/|alt="[^"]*\.png"', t)) for t in tags)}
+            "alt is a path": sum(bool(re.search(r'alt="[^"]*_images/|alt="[^"]*\.png"', t)) for t in tags),
+            "smallest (image number: shown)": ", ".join(f"{i}: {ratio:.0%}" for ratio, i in shrunk[:3])}
 
 
 def check_page(dom: str, page: Path, *, chapter: bool, maths: bool = True,
@@ -120,7 +122,7 @@ def main() -> int:
             problems = check_page(rendered_dom(browser, page), page, chapter=chapter, maths=maths,
                                   figures=figures)
             if figures:
-                totals.update(figures)
+                totals.update({k: v for k, v in figures.items() if isinstance(v, int)})
                 print(f"  figures: {figures}")
         except (AssertionError, subprocess.TimeoutExpired) as exc:
             problems = [str(exc)]
