@@ -4,7 +4,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test bench exercises grade clean
+# PyPI's Linux torch is the CUDA build (about 3 GB with its NVIDIA wheels). On Linux without an
+# NVIDIA driver (no nvidia-smi) torch is first installed, alone, from PyTorch's CPU index (a 190 MB
+# wheel, 750 MB installed); the pinned requirements then find it installed.
+# `make TORCH_CPU_INDEX= ...` turns this off.
+TORCH_CPU_INDEX ?= $(if $(and $(filter Linux,$(shell uname -s)),$(if $(shell command -v nvidia-smi),,cpu)),https://download.pytorch.org/whl/cpu)
+TORCH_PIN := $(shell grep -E '^torch==' requirements.txt | cut -d' ' -f1)
+
+.PHONY: book test bench exercises grade lock clean
 
 $(STAMP): requirements.txt requirements-grading.txt requirements-lock.txt requirements-nodeps.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
@@ -12,6 +19,8 @@ $(STAMP): requirements.txt requirements-grading.txt requirements-lock.txt requir
 	  echo "       Install Python 3.11 (e.g. 'pyenv install 3.11' or your OS package) and run: make PYTHON=python3.11 ..."; \
 	  exit 2; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "Installing the pinned requirements into $(VENV): about 2 GB, 3-10 minutes depending on the network."
+	$(if $(TORCH_CPU_INDEX),$(PY) -m pip install -q --disable-pip-version-check --no-deps --retries 1 --extra-index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)+cpu")
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-grading.txt -c requirements-lock.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
@@ -38,6 +47,10 @@ exercises: $(STAMP)
 grade: $(STAMP)
 	@test -n "$(CHAPTER)" -a -n "$(SUBMISSIONS)" || (echo "usage: make grade CHAPTER=ch01 SUBMISSIONS=path/to/folder [JOBS=2]" && exit 2)
 	$(PY) exercises/grade.py $(CHAPTER) $(SUBMISSIONS) --out grades_$(CHAPTER).csv --jobs $(or $(JOBS),1)
+
+## make lock [UPGRADE=1]: regenerate requirements-lock.txt from a throwaway install of the pins
+lock:
+	UPGRADE=$(UPGRADE) bash scripts/lock.sh
 
 clean:
 	rm -rf _build

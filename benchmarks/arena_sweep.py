@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from common import interleaved_times, paired_ratio
 from xfam_lib.arena import FAMILIES, TASKS, ArenaLM, train_arena, width_for_budget
@@ -174,20 +175,21 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
 
-    for seed in args.seeds:             # seeds outermost: a partial sweep still covers every family
-        for family in args.families:
-            for size in args.sizes:
-                vocab = 4 * size + 2 if args.task == "mqar" else 16
-                seq_len = TASKS[args.task](1, size, vocab, torch.Generator().manual_seed(0), "cpu")[0].shape[1]
-                # count the learned positions train_arena builds (max_len = the sequence length), not 512
-                width = width_for_budget(family, args.budget, vocab=vocab, max_len=seq_len)
-                r = train_arena(family, args.task, size, vocab=vocab, d_model=width, steps=args.steps,
-                                batch=args.batch, lr=args.lr, seed=seed, device=device)
-                runs.append({"family": family, "size": size, "seed": seed, "d_model": width, **r})
-                if rank == 0:
-                    print(f"{family:15s} size {size:3d} seed {seed}: accuracy {r['accuracy']:.3f}, "
-                          f"{r['params']} params, state {r['state_bytes']} B ({time.time() - start:.0f} s)", flush=True)
-                    save()
+    # seeds outermost: a partial sweep still covers every family; the bar estimates the time left
+    grid = [(seed, family, size) for seed in args.seeds for family in args.families for size in args.sizes]
+    bar = tqdm(grid, desc="arena runs", unit="run", disable=rank != 0, leave=False)
+    for seed, family, size in bar:
+        vocab = 4 * size + 2 if args.task == "mqar" else 16
+        seq_len = TASKS[args.task](1, size, vocab, torch.Generator().manual_seed(0), "cpu")[0].shape[1]
+        # count the learned positions train_arena builds (max_len = the sequence length), not 512
+        width = width_for_budget(family, args.budget, vocab=vocab, max_len=seq_len)
+        r = train_arena(family, args.task, size, vocab=vocab, d_model=width, steps=args.steps,
+                        batch=args.batch, lr=args.lr, seed=seed, device=device)
+        runs.append({"family": family, "size": size, "seed": seed, "d_model": width, **r})
+        if rank == 0:
+            bar.write(f"{family:15s} size {size:3d} seed {seed}: accuracy {r['accuracy']:.3f}, "
+                      f"{r['params']} params, state {r['state_bytes']} B ({time.time() - start:.0f} s)")
+            save()
     if rank == 0 and not args.no_throughput:
         runs_wall.append(round(time.time() - start, 1))
         extra["throughput"] = throughput()

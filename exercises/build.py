@@ -120,12 +120,17 @@ def setup_cell_source(chapter: str) -> str:
         "import os\n"
         "if \"google.colab\" in sys.modules and not os.path.isdir(\"tests\"):\n"
         "    # Colab: fetch this chapter's public tests (and nothing else) at the book's release\n"
-        "    import shutil, subprocess, tempfile\n"
-        "    repo = tempfile.mkdtemp()\n"
-        f"    subprocess.run([\"git\", \"clone\", \"--quiet\", \"--depth\", \"1\", \"--branch\", \"{release()}\",\n"
-        f"                    \"--filter=blob:none\", \"--sparse\", \"{repository_url()}\", repo], check=True)\n"
-        f"    subprocess.run([\"git\", \"-C\", repo, \"sparse-checkout\", \"set\", \"{tests}\"], check=True)\n"
-        f"    shutil.copytree(os.path.join(repo, \"{tests}\"), \"tests\")"
+        "    import shutil, tempfile\n"
+        f"    repo, tests = tempfile.mkdtemp(), \"{tests}\"\n"
+        "    for cmd in ([\"git\", \"clone\", \"--quiet\", \"--depth\", \"1\", \"--branch\", RELEASE,\n"
+        "                 \"--filter=blob:none\", \"--sparse\", URL, repo],\n"
+        "                [\"git\", \"-C\", repo, \"sparse-checkout\", \"set\", tests]):\n"
+        "        git = subprocess.run(cmd, capture_output=True, text=True)\n"
+        "        if git.returncode:\n"
+        "            print(git.stderr, file=sys.stderr)\n"
+        "            raise RuntimeError(f\"Fetching the public tests of {RELEASE} failed (git's \"\n"
+        "                               \"message is above): run this cell again.\")\n"
+        "    shutil.copytree(os.path.join(repo, tests), \"tests\")"
     )
     return _setup_cell_module().setup_cell_source(extra_pip=f'"{otter_requirement()}"') + fetch
 

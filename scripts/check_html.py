@@ -1,49 +1,87 @@
-"""Open the built book in headless Chromium (offline) and check what a reader sees.
+"""Open the built book in headless Chromium (offline, 1280x900 window) and check what a reader sees.
 
-For the index and every chapter page: the page loads; MathJax has typeset its maths (the DOM
-holds ``mjx-container`` elements and no raw ``$$``/``\\[``); figures are present (``<img>``
-under ``_images/`` whose files exist); no cell shows a traceback; no ipywidget (controls or a
-progress bar that cannot work without a kernel) is left on the page; the Colab launch link
-points at the chapter's ``.ipynb`` and every other Colab link at a notebook in the repository. Writes a JUnit report so `make test` can count the checks.
+For the index, every chapter page and every page of ``book/``: the page loads; MathJax has typeset
+its maths (the DOM holds ``mjx-container`` elements and no raw ``$$``/``\\[``/``$...$``); no
+Markdown table is left as pipe text; figures are present (``<img>`` under ``_images/`` whose files
+exist); no cell shows a traceback; no ipywidget (controls or a progress bar that cannot work
+without a kernel) is left on the page; the Colab launch link points at the chapter's ``.ipynb``
+and every other Colab link at a notebook in the repository. It also reports, without failing,
+how many figures lack a caption, have a file path as alt text, or are shown below 70% of their
+width. Writes a JUnit report so `make test` can count the checks.
 """
 from __future__ import annotations
 
 import argparse
+import html
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+FLAGS = ["--headless", "--no-sandbox", "--window-size=1280,900", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--virtual-time-budget=15000", "--dump-dom"]
 
 
+# Marks each image with the share of its own width it is shown at (data-shown), read back from the DOM.
+MEASURE = """<script>window.addEventListener("load", () => { for (const img of document.images)
+  img.dataset.shown = img.naturalWidth ? (img.getBoundingClientRect().width / img.naturalWidth).toFixed(3) : "";
+});</script>"""
+
+
 def rendered_dom(browser: str, page: Path) -> str:
-    with tempfile.TemporaryDirectory() as profile:
-        result = subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", page.as_uri()],
-                                capture_output=True, text=True, timeout=120)
+    probe = page.with_name(page.stem + ".check.html")  # beside the page, so relative links resolve
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", MEASURE + "</body>"), encoding="utf-8")
+    try:
+        with tempfile.TemporaryDirectory() as profile:
+            result = subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", probe.as_uri()],
+                                    capture_output=True, text=True, timeout=120)
+    finally:
+        probe.unlink()
     if result.returncode != 0 or "<html" not in result.stdout:
         raise AssertionError(f"chromium failed on {page.name}: {result.stderr[-500:]}")
     return result.stdout
 
 
-def check_page(dom: str, page: Path, *, chapter: bool) -> list[str]:
+def figure_report(dom: str) -> dict:
+    """Counts of the page's figures: all, without a caption, shown below 70% of their width."""
+    tags = re.findall(r"<img[^>]+_images/[^>]*>", dom)
+    captioned = sum(len(re.findall(r"<img[^>]+_images/", block))
+                    for block in re.findall(r"<figure\b.*?</figure>", dom, flags=re.S) if "<figcaption" in block)
+    shown = [(float(m.group(1)), i) for i, t in enumerate(tags, 1) if (m := re.search(r'data-shown="([\d.]+)"', t))]
+    shrunk = sorted((ratio, i) for ratio, i in shown if ratio < 0.7)
+    return {"images": len(tags), "uncaptioned": len(tags) - captioned, "below 70%": len(shrunk),
+            "alt is a path": sum(bool(re.search(r'alt="[^"]*_images/|alt="[^"]*\.png"', t)) for t in tags),
+            "smallest (image number: shown)": ", ".join(f"{i}: {ratio:.0%}" for ratio, i in shrunk[:3])}
+
+
+def check_page(dom: str, page: Path, *, chapter: bool, maths: bool = True,
+               figures: dict | None = None) -> list[str]:
+    """What is wrong on ``page``; ``maths``: the page has maths, so MathJax must have typeset some."""
     problems = []
+    figures = {} if figures is None else figures
     body = re.sub(r"<script.*?</script>", "", dom, flags=re.S)
-    if "mjx-container" not in dom:
+    if maths and "mjx-container" not in dom:
         problems.append("no typeset maths (mjx-container missing: MathJax did not run)")
-    if re.search(r"\$\$|\\\[|\\begin\{", re.sub(r"<(pre|code)\b.*?</\1>", "", body, flags=re.S)):
+    prose = re.sub(r"<(pre|code|style|mjx-container)\b.*?</\1>", "", body, flags=re.S)
+    if re.search(r"\$\$|\\\[|\\begin\{", prose):
         problems.append("raw TeX left on the page")
+    text = html.unescape(re.sub(r"<[^>]+>", " ", prose))
+    if raw := re.search(r"\$(?=\S)[^$\n]+?(?<=\S)\$(?!\d)", text):  # Pandoc's rule for inline maths
+        problems.append(f"raw $...$ maths left on the page: {raw.group()[:60]!r}")
+    if raw := re.search(r"\|\s*:?-{3,}:?\s*\|", text):
+        problems.append(f"a Markdown table left as text (not rendered): {raw.group()!r}")
     if 'class="output traceback' in dom or "Traceback (most recent call last)" in body:
         problems.append("a cell output shows a traceback")
     if "application/vnd.jupyter.widget-view+json" in dom or "jupyter-widgets" in body:
         problems.append("an ipywidget (controls or a progress bar) is on the static page, where it cannot work")
+    figures.update(figure_report(dom))
     if chapter:
         images = re.findall(r'<img[^>]+src="([^"]*_images/[^"]+)"', dom)
         if not images:
@@ -70,15 +108,22 @@ def main() -> int:
         return 1
     pages = [(HTML / "index.html", False)]
     pages += [(p, True) for p in sorted((HTML / "chapters").glob("*.html"))]
+    pages += [(p, False) for p in sorted((HTML / "book").glob("*.html"))]
     if not (HTML / "index.html").is_file() or len(pages) < 2:
         print(f"no built book under {HTML}: run `make book` first")
         return 1
     suite = ET.Element("testsuite", name="html", tests=str(len(pages)))
-    failures = 0
+    failures, totals = 0, Counter()
     for page, chapter in pages:
         case = ET.SubElement(suite, "testcase", classname="html", name=str(page.relative_to(HTML)))
         try:
-            problems = check_page(rendered_dom(browser, page), page, chapter=chapter)
+            maths = chapter or page.parent == HTML  # the front and back matter may have none
+            figures = {}
+            problems = check_page(rendered_dom(browser, page), page, chapter=chapter, maths=maths,
+                                  figures=figures)
+            if figures:
+                totals.update({k: v for k, v in figures.items() if isinstance(v, int)})
+                print(f"  figures: {figures}")
         except (AssertionError, subprocess.TimeoutExpired) as exc:
             problems = [str(exc)]
         status = "ok" if not problems else "FAILED: " + "; ".join(problems)
@@ -86,6 +131,7 @@ def main() -> int:
         if problems:
             failures += 1
             ET.SubElement(case, "failure", message="; ".join(problems))
+    print(f"figures (reported, not failed): {dict(totals)}")
     suite.set("failures", str(failures))
     if args.junitxml:
         args.junitxml.parent.mkdir(parents=True, exist_ok=True)

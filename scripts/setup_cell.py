@@ -36,18 +36,55 @@ def release() -> str:
     return repository_value("release")
 
 
+def colab_install_source(extra_pip: str = "", url: str = "", tag: str = "") -> str:
+    """The Colab part of the setup cell: install ``xfam_lib`` at the release, or stop with one sentence.
+
+    It asks the repository for the release tag first (``git ls-remote``), so no network, a wrong
+    address and a missing release each get their own message; a failed ``pip install`` prints
+    pip's error and stops the notebook instead of letting a later import fail. ``url`` and ``tag``
+    default to `_config.yml`'s (tests pass others).
+    """
+    url, tag = url or repository_url(), tag or release()
+    packages = ", ".join(["XFAM"] + ([extra_pip] if extra_pip else []))
+    return COLAB_INSTALL.replace("{url}", url).replace("{tag}", tag).replace("{packages}", packages)
+
+
+COLAB_INSTALL = """\
+if "google.colab" in sys.modules:  # install xfam_lib at the release, or stop clearly
+    import os, subprocess
+    URL, RELEASE = "{url}", "{tag}"
+    XFAM = f"xfam_lib @ git+{URL}@{RELEASE}"
+    os.environ["GIT_TERMINAL_PROMPT"] = "0"  # a wrong address fails, no password prompt
+    git = subprocess.run(["git", "ls-remote", "--tags", URL, RELEASE],
+                         capture_output=True, text=True)
+    if git.returncode:
+        raise RuntimeError(f"Cannot reach {URL}: connect this runtime to the internet "
+                           "(Runtime > Disconnect and delete runtime) and run again.")
+    if not git.stdout.strip():
+        raise RuntimeError(f"{URL} has no release {RELEASE}: open this notebook "
+                           "from the book's Colab button, or ask which release to use.")
+    packages = [{packages}]
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages],
+                         capture_output=True, text=True)
+    if pip.returncode:
+        print(pip.stderr[-3000:], file=sys.stderr)
+        raise RuntimeError(f"Installing xfam_lib {RELEASE} failed (pip's message is "
+                           "above): run this cell again; if it fails again, Runtime > "
+                           "Disconnect and delete runtime, then Run all.")
+"""
+
+
 def setup_cell_source(extra_pip: str = "") -> str:
     """Source of the setup cell. ``extra_pip`` adds packages to the Colab install line (exercises: otter-grader).
 
     On Colab it installs ``xfam_lib`` at the release the book was built from, not whatever the
-    default branch holds that day.
+    default branch holds that day, and stops with a clear message when it cannot.
     """
-    install = f'"xfam_lib @ git+{repository_url()}@{release()}"' + (f" {extra_pip}" if extra_pip else "")
     return (
-        "# Setup (hidden in the book): on Colab, install the book's library; everywhere, pick the device and seed.\n"
+        "# Setup (hidden in the book): on Colab, install the book's library;\n"
+        "# everywhere, pick the device and seed.\n"
         "import sys\n"
-        "if \"google.colab\" in sys.modules:\n"
-        f"    %pip install -q {install}\n"
+        + colab_install_source(extra_pip) +
         "from xfam_lib.utils import pick_device, seed_everything, size_preset\n"
         "from xfam_lib.plots import use_style\n"
         "device = pick_device()\n"
@@ -62,18 +99,29 @@ def notebooks() -> list[Path]:
     return sorted((ROOT / "chapters").glob("*.ipynb"))
 
 
+def at_release(text: str) -> str:
+    """``text`` with every Colab link into this repository opening the release instead of another ref."""
+    colab = "https://colab.research.google.com/github/" + repository_url().split("github.com/", 1)[1]
+    return re.sub(re.escape(colab) + r"/blob/[^/\s]+/", f"{colab}/blob/{release()}/", text)
+
+
 COLAB_GPU = {"accelerator": "GPU", "colab": {"gpuType": "T4", "provenance": []}}  # "Open in Colab" starts on a GPU
 
 
 def fix(path: Path) -> bool:
-    """Make the first cell of ``path`` the canonical setup cell and ask Colab for a GPU runtime; True if changed."""
+    """Make the first cell of ``path`` the canonical setup cell, open its Colab links at the release and
+    ask Colab for a GPU runtime; True if changed."""
     nb = json.loads(path.read_text(encoding="utf-8"))
     cell = {"cell_type": "code", "execution_count": None, "id": CELL_ID, "metadata": {"tags": [TAG]}, "outputs": [],
             "source": setup_cell_source().splitlines(keepends=True)}
     first = nb["cells"][0] if nb["cells"] else None
     missing_ids = [c for c in nb["cells"] if "id" not in c]
     gpu_ready = nb["metadata"].get("accelerator") == "GPU" and nb["metadata"].get("colab", {}).get("gpuType")
-    if (first is not None and "".join(first["source"]) == setup_cell_source()
+    stale_links = [c for c in nb["cells"] if c["cell_type"] == "markdown"
+                   and at_release("".join(c["source"])) != "".join(c["source"])]
+    for c in stale_links:
+        c["source"] = at_release("".join(c["source"])).splitlines(keepends=True)
+    if (not stale_links and first is not None and "".join(first["source"]) == setup_cell_source()
             and TAG in first["metadata"].get("tags", []) and first.get("id") == CELL_ID and not missing_ids
             and gpu_ready):
         return False

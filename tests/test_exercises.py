@@ -168,8 +168,9 @@ def test_setup_cell_is_pinned_to_the_release():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert pyproject["project"]["version"] == xfam_lib.__version__
     source = build.setup_cell_source("ch01")
-    assert f"git+{build.repository_url()}@{release}" in source
-    assert f'"--branch", "{release}"' in source and '"--branch", "main"' not in source
+    assert f'URL, RELEASE = "{build.repository_url()}", "{release}"' in source
+    assert 'XFAM = f"xfam_lib @ git+{URL}@{RELEASE}"' in source
+    assert '"--branch", RELEASE' in source and '"main"' not in source
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)

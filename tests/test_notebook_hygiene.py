@@ -75,4 +75,6 @@ def test_every_chapter_is_in_the_toc():
 def test_setup_cell_uses_the_one_repository_url():
     url = setup_cell.repository_url()
     assert url.startswith("https://github.com/")
-    assert f"git+{url}" in setup_cell.setup_cell_source()
+    source = setup_cell.setup_cell_source()
+    assert f'URL, RELEASE = "{url}", "{setup_cell.release()}"' in source
+    assert 'XFAM = f"xfam_lib @ git+{URL}@{RELEASE}"' in source

@@ -33,7 +33,7 @@ from .positional import sinusoidal_encoding, ut_coordinate_encoding
 from .ssm import H3Layer, MambaBlock, S4DLayer
 from .tasks import PAD, LaggedTopicLanguage, ModeBigramLanguage, cyclic_permutation, delayed_copy, mqar, parity_task, permutation_steps
 from .tasks import copy_task, induction_heads, reverse_task, selective_copying
-from .train import cross_entropy, train_loop
+from .train import cross_entropy, progress_range, train_loop
 from .transformer import EncoderLayer, TransformerLM, count_params
 from .utils import check_positive_int
 
@@ -43,7 +43,7 @@ def length_extrapolation(kinds: Sequence[str] = ("none", "sinusoidal", "learned"
                          batch: int = 32, d_model: int = 32, n_layers: int = 2, n_heads: int = 4,
                          lr: float = 3e-3, seed: int = 0, eval_tokens: int = 16384,
                          relative_max_distance: int | None = None, language: LaggedTopicLanguage | None = None,
-                         device: torch.device | str = "cpu", progress: bool = False) -> dict:
+                         device: torch.device | str = "cpu", progress: bool = True) -> dict:
     """Train one small `TransformerLM` per positional encoding at ``train_len``, evaluate at ``f * train_len``.
 
     Every arm sees the same initial seed, the same training batches and the same evaluation data; only
@@ -116,7 +116,7 @@ def xl_delayed_copy(mem_len: int, delay: int, *, seed: int = 0, steps: int = 150
     opt = torch.optim.Adam(model.parameters(), lr)
     gen = torch.Generator().manual_seed(seed)
     losses = []
-    for _ in range(steps):
+    for _ in progress_range(steps, "delayed copy"):
         ids, targets = delayed_copy(batch, segment_len * n_segments, vocab, delay, generator=gen, device=device)
         logits = stream_logits(model, ids, segment_len)
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=PAD)
@@ -178,7 +178,7 @@ def train_parity(n_bits: int = 8, hidden: int = 128, max_steps: int = 12, tau: f
     gen = torch.Generator().manual_seed(seed)
     model = (ParityACT if cell == "gru" else ParityACTGraves)(n_bits, hidden, max_steps)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    for _ in range(steps):
+    for _ in progress_range(steps, "parity"):
         x, y, _ = parity_task(batch, n_bits, generator=gen)
         logit, ponder, _ = model(x)
         loss = F.binary_cross_entropy_with_logits(logit, y.float()) + tau * ponder.mean()
@@ -236,7 +236,7 @@ def train_permutation_act(n_items: int = 16, max_k: int = 6, hidden: int = 32, m
     perm = cyclic_permutation(n_items, seed=seed)
     model = PermutationACT(n_items, max_k, hidden, max_steps)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    for _ in range(steps):
+    for _ in progress_range(steps, "permutation"):
         start, k, y = permutation_steps(batch, perm, max_k, generator=gen)
         logits, ponder, _ = model(start, k)
         loss = F.cross_entropy(logits, y) + tau * ponder.mean()
@@ -294,7 +294,7 @@ def train_spans(*, vocab=32, lag=12, p_rule=0.7, topic_size=6, n_modes=0, d_mode
     rest = [p for n, p in model.named_parameters() if not n.endswith("span_logit")]
     opt = torch.optim.Adam([{"params": rest}, {"params": spans, "lr": span_lr}], lr=lr)
     losses = []
-    for _ in range(steps):
+    for _ in progress_range(steps, "adaptive span"):
         ids, _ = lang.sample(batch, length + 1, generator=gen, device=device)
         ce = F.cross_entropy(model(ids[:, :-1]).reshape(-1, vocab), ids[:, 1:].reshape(-1))
         opt.zero_grad()
@@ -364,7 +364,7 @@ def train_ut_seq2seq(task: str, n_steps: int, *, tied: bool, seed: int = 0, leng
         src, tgt = make(batch, length, vocab, generator=gen, device=device)
         return cross_entropy(m(src), tgt)
 
-    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=warmup, progress=False)
+    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=warmup)
     src, tgt = make(eval_batch, length, vocab, generator=torch.Generator().manual_seed(10_000 + seed), device=device)
     with torch.no_grad():
         acc = (model(src).argmax(-1) == tgt).double().mean().item()
@@ -506,7 +506,7 @@ def train_recall(mixer: str, n_pairs: int, *, seed: int = 0, steps: int = 600, v
         ids, targets = mqar(batch, n_pairs, vocab, generator=gen, device=device)
         return cross_entropy(m(ids), targets, ignore_index=PAD)
 
-    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10, progress=False)
+    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10)
     ids, targets = mqar(eval_batch, n_pairs, vocab, generator=torch.Generator().manual_seed(10_000 + seed), device=device)
     with torch.no_grad():
         pred = model(ids).argmax(-1)
@@ -551,7 +551,7 @@ def train_sink_lm(*, seed: int = 0, steps: int = 300, length: int = 64, lag: int
         seq, _ = language.sample(batch, length + 1, generator=gen)
         return cross_entropy(m(seq[:, :-1]), seq[:, 1:])
 
-    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10, progress=False)
+    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10)
     return {"before": before, "after": attention_by_distance(model, eval_ids), "final_loss": float(sum(losses[-20:]) / 20),
             "config": dict(seed=seed, steps=steps, length=length, lag=lag, vocab=vocab, d_model=d_model,
                            n_layers=n_layers, n_heads=n_heads, batch=batch, lr=lr)}
@@ -600,7 +600,7 @@ def _train_ssm_lm(kind, sample, *, vocab, d_model, n_layers, d_state, steps, lr,
         inputs, targets = sample(step)
         return cross_entropy(m(inputs), targets, ignore_index=PAD)
 
-    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10, progress=False, desc=kind)
+    losses = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10, desc=kind)
     return model.eval(), losses
 
 

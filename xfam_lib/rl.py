@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import MultiHeadAttention, causal_mask
+from .train import progress_range
 from .transformer import FeedForward
 from .utils import check_positive_int, check_tensor
 
@@ -398,7 +399,7 @@ def train_decision_transformer(model: DecisionTransformer, data: OfflineDataset,
     device = next(model.parameters()).device
     losses = []
     model.train()
-    for _ in range(steps):
+    for _ in progress_range(steps, "decision transformer"):
         idx = torch.randint(len(data.returns), (batch,), generator=gen)
         rtg, states, actions, ts = (x[idx].to(device) for x in (data.rtg, data.states, data.actions, data.timesteps))
         out = model(rtg, states, actions, ts)

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-__all__ = ["cross_entropy", "train_loop", "noam_lr"]
+__all__ = ["cross_entropy", "train_loop", "noam_lr", "progress_range"]
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int | None = None,
@@ -54,7 +54,8 @@ def train_loop(model: nn.Module, loss_fn: Callable[[nn.Module, int], torch.Tenso
 
     ``warmup`` linearly ramps the learning rate from ``lr/warmup`` to ``lr`` over that many steps
     (0: constant ``lr``). Returns the loss of every step. A non-finite loss stops training with
-    a ``FloatingPointError`` naming the step.
+    a ``FloatingPointError`` naming the step. With ``progress``, a run that lasts longer than
+    ``PROGRESS_DELAY_S`` shows a progress bar with the time left, removed when it ends.
     """
     if steps <= 0 or lr <= 0 or warmup < 0:
         raise ValueError(f"need steps > 0, lr > 0, warmup >= 0; got steps={steps}, lr={lr}, warmup={warmup}")
@@ -75,37 +76,62 @@ def train_loop(model: nn.Module, loss_fn: Callable[[nn.Module, int], torch.Tenso
         sched.step()
         losses.append(loss.item())
         if step % 10 == 0:
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)  # a refresh would skip the delay
     bar.close()
     model.eval()
     return losses
 
 
+PROGRESS_DELAY_S = 2.0  # shorter runs draw no bar at all
+
+
+def progress_range(steps: int, desc: str = "training"):
+    """``range(steps)`` with the progress bar of `train_loop` (for hand-written training loops).
+
+    The bar appears once the loop has run ``PROGRESS_DELAY_S`` seconds, shows the time left, and
+    is removed when the loop ends.
+    """
+    return _progress_bar(steps, desc, enabled=True)
+
+
 def _progress_bar(steps: int, desc: str, *, enabled: bool):
-    """A tqdm bar over ``range(steps)`` that leaves no output behind once closed.
+    """A tqdm bar over ``range(steps)``, drawn after ``PROGRESS_DELAY_S`` and removed when closed.
 
     In a Jupyter kernel tqdm draws an ipywidget, and a saved notebook (so the HTML book) would keep
     a dead copy of it. There the bar is shown through a display handle whose content is replaced by
     an empty output when the bar closes. Elsewhere it is tqdm's text bar on stderr.
     """
-    options = dict(desc=desc, disable=not enabled, leave=False, mininterval=0.5)
+    options = dict(desc=desc, disable=not enabled, leave=False, mininterval=0.5, delay=PROGRESS_DELAY_S)
     if not (enabled and _in_notebook()):
         from tqdm.std import tqdm
         return tqdm(range(steps), **options)
+    return _notebook_bar_class()(range(steps), display=False, **options)
+
+
+def _notebook_bar_class():
+    """tqdm's notebook bar, displayed through a handle (ipywidgets 7 and 8) and cleared on close."""
     from IPython.display import HTML, DisplayHandle
     from tqdm.notebook import tqdm
 
-    bar = tqdm(range(steps), display=False, **options)
-    handle = DisplayHandle()
-    handle.display(bar.container)
-    close = bar.close
+    from .widgets import widget_bundle
 
-    def close_and_clear():
-        close()
-        handle.update(HTML(""))
+    class ClearingBar(tqdm):
+        def __init__(self, *args, **kwargs):
+            self.handle = DisplayHandle()
+            super().__init__(*args, **kwargs)
 
-    bar.close = close_and_clear
-    return bar
+        def display(self, *args, check_delay=True, **kwargs):
+            if check_delay and not self.displayed and self._time() - self.start_t >= self.delay:
+                self.handle.display(widget_bundle(self.container), raw=True)
+                self.displayed = True
+            return super().display(*args, check_delay=False, **kwargs)
+
+        def close(self):
+            super().close()
+            if getattr(self, "displayed", False):
+                self.handle.update(HTML(""))
+
+    return ClearingBar
 
 
 def _in_notebook() -> bool:

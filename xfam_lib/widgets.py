@@ -15,7 +15,20 @@ from typing import Callable
 
 import matplotlib.pyplot as plt
 
-__all__ = ["interactive_figure"]
+__all__ = ["interactive_figure", "widget_bundle"]
+
+
+def widget_bundle(widget) -> dict:
+    """The display data of ``widget`` (a dict for ``display(..., raw=True)``), in ipywidgets 7 and 8.
+
+    ipywidgets 8 has ``_repr_mimebundle_``; ipywidgets 7 (Colab's 7.7.1) displays itself through
+    ``_ipython_display_``, which ignores ``display_id``, so the same data is built here. As raw data
+    it can carry a Markdown alternative and be replaced later through a display handle.
+    """
+    if hasattr(widget, "_repr_mimebundle_"):
+        return widget._repr_mimebundle_()
+    view = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
+    return {"text/plain": repr(widget)[:110], "application/vnd.jupyter.widget-view+json": view}
 
 
 def interactive_figure(draw: Callable[..., "plt.Figure"], **controls):
@@ -51,7 +64,7 @@ def interactive_figure(draw: Callable[..., "plt.Figure"], **controls):
         w.observe(redraw, names="value")
     box = widgets.VBox(list(controls_by_name.values()))
     names = ", ".join(f"`{name}`" for name in controls_by_name)
-    bundle = box._repr_mimebundle_()
+    bundle = widget_bundle(box)
     bundle["text/markdown"] = STATIC_NOTE.format(names=names)
     display(bundle, raw=True)
 
