@@ -3,7 +3,7 @@
     python exercises/grade.py ch01 path/to/submissions --out grades_ch01.csv --jobs 2
 
 Every ``*.ipynb`` in the folder is graded against the chapter's autograder zip
-(``_build/exercises/chNN/autograder/``, built first if missing) by `xfam_lib.grading.Judge`,
+(``_build/exercises/chNN/autograder/``, built first if missing) by `xfam_grading.Judge`,
 the same judge the zip's otter plugin runs under ``otter grade`` and on Gradescope:
 
 * the judge (this process) reads the hidden tests and computes every case's inputs and expected
@@ -78,7 +78,7 @@ def csv_row(name: str, report) -> dict:
 def grade_folder(chapter: str, folder: Path, out_csv: Path, *, autograder: Path | None = None, jobs: int = 1,
                  limits=None, isolation: str = "auto", feedback: Path | None = None, verbose: bool = True) -> list[dict]:
     """Grade every ``*.ipynb`` in ``folder``, write ``out_csv`` and the feedback files; returns the rows."""
-    from xfam_lib.grading import Judge
+    from xfam_grading import Judge
 
     zip_path = autograder.resolve() if autograder else ensure_autograder(chapter)
     start = time.perf_counter()
@@ -116,7 +116,7 @@ def grade_folder(chapter: str, folder: Path, out_csv: Path, *, autograder: Path 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xfam_lib.grading import Limits
+    from xfam_grading import Limits
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("chapter", help="e.g. ch01")

@@ -1,6 +1,14 @@
-"""Shared pytest configuration: CUDA-only tests are skipped on machines without a GPU."""
+"""Shared pytest configuration: CUDA-only tests are skipped on machines without a GPU; the exercises'
+grading package (exercises/xfam_grading, installed with the exercises, not with xfam_lib) imports."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+EXERCISES = str(Path(__file__).resolve().parent.parent / "exercises")
+if EXERCISES not in sys.path:
+    sys.path.insert(0, EXERCISES)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -86,7 +86,7 @@ def built(tmp_path_factory):
 @pytest.fixture(scope="session")
 def judge(built):
     """``judge(chapter)``: the judge of that chapter's autograder (cases and expected values collected once)."""
-    from xfam_lib.grading import Judge, Limits
+    from xfam_grading import Judge, Limits
 
     done = {}
 
@@ -135,7 +135,7 @@ def public_results(test_file: Path, env: dict):
     """The student's ``grader.check`` of one part: otter runs its public test file on ``env``."""
     from otter.test_files import ExceptionTestFile
 
-    from xfam_lib.grading import trim_otter_message
+    from xfam_grading.otter_plugin import trim_otter_message
 
     tests = ExceptionTestFile.from_file(str(test_file))
     tests.run(env)
@@ -231,8 +231,8 @@ def test_student_notebook_texts_links_and_metadata(chapter, built):
 @pytest.mark.parametrize("chapter, question, variant", list(_variants()))
 def test_part_grades_correctly(chapter, question, variant, built, judge, monkeypatch):
     """The judge's hidden checks and the student's public checks agree with what the answer deserves."""
-    import xfam_lib.grading
-    from xfam_lib.grading import Limits
+    import xfam_grading.checks
+    from xfam_grading import Limits
 
     q = _question(chapter, question)
     j = judge(chapter)
@@ -247,7 +247,7 @@ def test_part_grades_correctly(chapter, question, variant, built, judge, monkeyp
     saved = j.limits
     if variant == "endless_loop":
         j.limits = Limits(call_seconds=ENDLESS_LOOP_LIMIT)
-        monkeypatch.setattr(xfam_lib.grading, "DEFAULT_TIME_LIMIT", ENDLESS_LOOP_LIMIT)
+        monkeypatch.setattr(xfam_grading.checks, "DEFAULT_TIME_LIMIT", ENDLESS_LOOP_LIMIT)
     try:
         verdict = j.grade_namespace(env, [question]).questions[question]
     finally:
@@ -285,7 +285,7 @@ def test_a_stub_costs_only_its_own_part(chapter, built, judge):
 
 def _off_limits_cases():
     """(chapter, part, an off-limits callable): a module entry stands for its first public member."""
-    from xfam_lib.grading import expand_off_limits
+    from xfam_grading.guard import expand_off_limits
 
     for ch in CHAPTERS:
         for q in QUESTIONS[ch]:

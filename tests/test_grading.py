@@ -1,4 +1,4 @@
-"""Proofs for the grader itself (xfam_lib/grading.py): messages, the judge, the sandbox, attacks.
+"""Proofs for the grader itself (the xfam_grading package): messages, the judge, the sandbox, attacks.
 
 * Messages: every failing check is listed with its labelled case; a missing name says which
   and why; otter's "Error at line N" header is trimmed.
@@ -29,9 +29,12 @@ import nbformat
 import pytest
 import torch
 
-from xfam_lib import grading
-from xfam_lib.grading import (OffLimitsError, case_label, check_cases, output_problems, scan_code,
-                              trim_otter_message)
+from xfam_grading import OffLimitsError, case_label, check_cases, output_problems, scan_code
+from xfam_grading import checks
+from xfam_grading import judge as judge_module
+from xfam_grading.checks import adapter_outside_names
+from xfam_grading.guard import _Guard, expand_off_limits, off_limits_resolver
+from xfam_grading.otter_plugin import trim_otter_message
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Traits should be given as instances:DeprecationWarning"),
               pytest.mark.filterwarnings("ignore:The inplace keyword:Warning")]
@@ -103,7 +106,7 @@ def test_check_cases_names_a_missing_function_and_rejects_unlabelled_cases():
 def test_an_endless_loop_is_stopped_once_per_check(monkeypatch):
     import time
 
-    monkeypatch.setattr(grading, "DEFAULT_TIME_LIMIT", 0.2)
+    monkeypatch.setattr(checks, "DEFAULT_TIME_LIMIT", 0.2)
 
     def loop(c):
         while True:
@@ -126,7 +129,7 @@ def test_trim_otter_message_keeps_only_what_the_check_says():
 @pytest.fixture(scope="module")
 def ch02(tmp_path_factory):
     """Chapter 2's autograder (built into a temporary folder) and its judge."""
-    from xfam_lib.grading import Judge
+    from xfam_grading import Judge
 
     built = _build().assign("ch02", tmp_path_factory.mktemp("ch02") / "out")
     return built, Judge.from_autograder(built.zip_path)
@@ -142,7 +145,7 @@ def test_the_runner_request_holds_no_reference(ch02):
 
 def test_an_adapter_may_not_reach_outside_itself():
     source = "def submission(c):\n    return helper(sdpa(c['q']), torch.zeros(1))\n"
-    assert grading.adapter_outside_names(source, "submission", ["sdpa"]) == ["helper"]
+    assert adapter_outside_names(source, "submission", ["sdpa"]) == ["helper"]
 
 
 # ----------------------------------------------------------------------------- static analysis
@@ -150,7 +153,7 @@ OFF = {"q1a": ["xfam_lib.attention.scaled_dot_product_attention"], "q3a": ["xfam
 
 
 def _scan(*cells):
-    return scan_code(list(cells), grading.off_limits_resolver(grading.expand_off_limits(OFF)))
+    return scan_code(list(cells), off_limits_resolver(expand_off_limits(OFF)))
 
 
 @pytest.mark.parametrize("cell", [
@@ -186,7 +189,7 @@ def test_scan_leaves_honest_code_alone():
 def test_a_module_off_limits_covers_its_private_helpers(cell):
     """Placing a whole module off limits covers its private functions too: a student cannot borrow the
     helper that does the public function's work."""
-    reached, _ = scan_code([cell], grading.off_limits_resolver(grading.expand_off_limits({"q1a": ["xfam_lib.linear"]})))
+    reached, _ = scan_code([cell], off_limits_resolver(expand_off_limits({"q1a": ["xfam_lib.linear"]})))
     assert [entry for entry, _ in reached] and all(e.startswith("xfam_lib.linear.") for e, _ in reached), reached
 
 
@@ -194,7 +197,7 @@ def test_a_module_off_limits_covers_its_private_helpers(cell):
     ("import torch\ntorch.allclose = lambda *a, **k: True", "replaces torch.allclose"),
     ("import torch as t\nt.Tensor.__eq__ = lambda s, o: True", "replaces torch.Tensor.__eq__"),
     ("import torch\nsetattr(torch, 'all' + 'close', print)", "replaces torch.allclose with setattr"),
-    ("import xfam_lib.grading as g\ng.output_problems = lambda *a: []", "replaces xfam_lib.grading.output_problems"),
+    ("import xfam_grading as g\ng.output_problems = lambda *a: []", "replaces xfam_grading.output_problems"),
     ("import otter\notter.Notebook.check = None", "replaces otter.Notebook.check"),
     ("import gc\nobjs = gc.get_objects()", "walks the garbage collector"),
     ("import sys\nf = sys._getframe(1).f_locals", "reads call frames"),
@@ -216,7 +219,7 @@ def test_tripwires_stop_the_student_and_let_the_library_through():
     import xfam_lib.attention as A
 
     original = A.scaled_dot_product_attention
-    guard = grading._Guard({"q1a": ["xfam_lib.attention.scaled_dot_product_attention"]}).install()
+    guard = _Guard({"q1a": ["xfam_lib.attention.scaled_dot_product_attention"]}).install()
     student = {}
     exec(compile("import xfam_lib.attention as A\ndef sdpa(q):\n    return A.scaled_dot_product_attention(q, q, q)\n"
                  "def sdpa_reloaded(q):\n    import importlib\n    m = importlib.reload(A)\n"
@@ -242,7 +245,7 @@ def test_a_tripwire_on_a_method_stops_super():
     """KVCache.update off limits: a subclass that calls the library's update through super() is stopped."""
     import xfam_lib.attention as A
 
-    guard = grading._Guard({"q5a": ["xfam_lib.attention.KVCache.update"]}).install()
+    guard = _Guard({"q5a": ["xfam_lib.attention.KVCache.update"]}).install()
     student = {"LibraryKVCache": A.KVCache}
     exec(compile("class KVCache(LibraryKVCache):\n    def update(self, k, v, start_pos):\n"
                  "        return super().update(k, v, start_pos)\n", "<cell 5>", "exec"), student)
@@ -260,9 +263,9 @@ def test_a_tripwire_on_a_method_stops_super():
 
 
 def test_without_a_sandbox_the_judge_must_be_told(monkeypatch):
-    from xfam_lib.grading import Judge
+    from xfam_grading import Judge
 
-    monkeypatch.setattr(grading, "isolation_available", lambda: "basic")
+    monkeypatch.setattr(judge_module, "isolation_available", lambda: "basic")
     with pytest.raises(RuntimeError, match="isolation='basic'"):
         Judge(ROOT / "exercises" / "ch02" / "student" / "tests")
 
@@ -307,11 +310,12 @@ def sdpa(q, k, v, mask=None):
     return torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype), torch.zeros(*q.shape[:-1], k.shape[-2], dtype=q.dtype)
 """, "replace", "q1a"),
     "patch_the_grader": ("""
-import xfam_lib.grading as g
-g.output_problems = lambda *args, **kwargs: []
+import xfam_grading as g
+from xfam_grading import checks, compare, runner
+g.output_problems = compare.output_problems = lambda *args, **kwargs: []
 g.compare_outputs = lambda *args, **kwargs: None
-g._judge_case = lambda *args, **kwargs: []
-g.run_task = lambda spec, env, guard: {"id": spec["id"], "results": [{"ok": True, "value": c} for c in spec["cases"]],
+checks._judge_case = lambda *args, **kwargs: []
+runner.run_task = lambda spec, env, guard: {"id": spec["id"], "results": [{"ok": True, "value": c} for c in spec["cases"]],
                                         "violations": [], "missing": []}
 """ + WRONG_SDPA, "replace", "q1a"),
     "patch_torch": ("""
@@ -479,7 +483,7 @@ def test_otter_run_with_the_zip_grades_through_the_judge(ch02, tmp_path):
 
     built, _ = ch02
     with zipfile.ZipFile(built.zip_path) as zf:
-        assert "xfam_lib.grading.OtterJudge" in zf.read("otter_config.json").decode()
+        assert "xfam_grading.OtterJudge" in zf.read("otter_config.json").decode()
         requirements = zf.read("requirements.txt").decode()
     assert "torch==" in requirements and "otter-grader[grading]==" in requirements and ".whl" in requirements
     wrong = _with_cell(_solution_notebook(ch02), WRONG_SDPA + "\nimport torch\ntorch.allclose = lambda *a, **k: True",

@@ -9,7 +9,7 @@ points = [0]
 def test_q2_public(DecoderLayer):
     import torch
     from torch import nn
-    from xfam_lib.grading import check_cases, output_problems
+    from xfam_grading import check_cases, output_problems
 
     def make_case(p):
         d, h, d_ff, t = (p['d'], p['heads'], p['d_ff'], p['T'])

@@ -9,7 +9,7 @@ points = [0]
 def test_q2a_public(equivariance_error):
     import torch
     from xfam_lib.attention import MultiHeadAttention
-    from xfam_lib.grading import check_cases, compare_outputs
+    from xfam_grading import check_cases, compare_outputs
 
     def make_case(p):
         attn = MultiHeadAttention(p['d'], p['heads']).double()
