@@ -302,10 +302,14 @@ def validate_master(master: Path) -> list[Question]:
     return questions
 
 
-def judge_config(chapter: str, questions: list[Question]) -> dict:
-    """The grading plugin's configuration in the autograder's ``otter_config.json``."""
+def judge_config(chapter: str, questions: list[Question], library: list[str] = ()) -> dict:
+    """The grading plugin's configuration in the autograder's ``otter_config.json``.
+
+    ``library``: the ``xfam_lib`` names the student notebook imports, which a submission may use
+    (with the modules every notebook may use, `xfam_grading.scanner.LIBRARY_ALWAYS`).
+    """
     return {"chapter": chapter, "release": release(), "setup_cell": setup_cell_source(chapter),
-            "off_limits": {q.name: q.off_limits for q in questions if q.off_limits}}
+            "off_limits": {q.name: q.off_limits for q in questions if q.off_limits}, "library": list(library)}
 
 
 # ----------------------------------------------------------------------------- the student notebook
@@ -434,6 +438,7 @@ def assign(chapter: str, out_dir: Path, master: Path | None = None) -> Built:
     from otter.assign import main as otter_assign
 
     from xfam_grading import Judge
+    from xfam_grading.scanner import library_imports
 
     master = master or master_path(chapter)
     questions = validate_master(master)
@@ -451,7 +456,7 @@ def assign(chapter: str, out_dir: Path, master: Path | None = None) -> Built:
     if len(zips) != 1:
         raise RuntimeError(f"otter assign made {len(zips)} autograder zips in {out_dir / 'autograder'}")
     zip_path = zips[0].rename(out_dir / "autograder" / f"{chapter}_exercises-autograder.zip")
-    config = judge_config(chapter, questions)
+    config = judge_config(chapter, questions, library_imports(program_cells(student_nb, chapter)))
     _finish_zip(zip_path, out_dir / "autograder", config)
     Judge(out_dir / "autograder" / "tests", config, isolation="basic")   # every check builds its cases and reference
     return Built(chapter, out_dir / "student", out_dir / "autograder", zip_path, time.perf_counter() - start)

@@ -96,9 +96,14 @@ def grade_folder(chapter: str, folder: Path, out_csv: Path, *, autograder: Path 
         futures = {pool.submit(judge.grade, nb): nb for nb in notebooks}
         for future in concurrent.futures.as_completed(futures):
             nb = futures[future]
-            report = future.result()
-            rows[nb.name] = csv_row(nb.name, report)
-            (feedback / f"{nb.stem}.txt").write_text(report.summary() + "\n", encoding="utf-8")
+            try:
+                report = future.result()
+                rows[nb.name] = csv_row(nb.name, report)
+                (feedback / f"{nb.stem}.txt").write_text(report.summary() + "\n", encoding="utf-8")
+            except Exception as exc:           # one submission never costs the others their grades
+                rows[nb.name] = {"file": nb.name, **{q: "0" for q in judge.questions}, "total": "0", "flags": "",
+                                 "message": f"grading failed: {type(exc).__name__}: {str(exc)[:200]}"}
+                continue
             if verbose:
                 message = rows[nb.name]["message"]
                 print(f"{nb.name}: {rows[nb.name]['total']}/{possible} in {report.seconds:.1f} s"

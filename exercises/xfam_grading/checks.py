@@ -18,7 +18,7 @@ import torch
 
 import xfam_lib
 
-from .compare import output_problems
+from .compare import _MAX_PROBLEMS, nonfinite_problems, output_problems
 
 _LIBRARY = str(Path(xfam_lib.__file__).resolve().parent)
 
@@ -194,6 +194,10 @@ def _call_student(fn: Callable[[Any], Any], case: Any, limit: float | None) -> t
 
 
 def _judge_case(compare, case: Any, got: Any, expected: Any) -> list[str]:
+    """Problems of one case's output: non-finite values where the reference is finite, then the comparison."""
+    problems = nonfinite_problems(got, expected)
+    if problems:
+        return problems[:_MAX_PROBLEMS]
     if compare is None:
         return output_problems(got, expected)
     try:

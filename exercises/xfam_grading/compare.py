@@ -123,3 +123,50 @@ def compare_outputs(got: Any, expected: Any, *, where: str = "") -> None:
     if problems:
         raise AssertionError("; ".join(problems))
 
+
+
+def _all_finite(value: Any) -> bool:
+    """True when no tensor or number inside ``value`` is NaN or infinite."""
+    if isinstance(value, torch.Tensor):
+        return not (value.is_floating_point() or value.is_complex()) or bool(torch.isfinite(value).all())
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_all_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_all_finite(v) for v in value)
+    return True
+
+
+def nonfinite_problems(got: Any, expected: Any, where: str = "") -> list[str]:
+    """Non-finite values in ``got`` where ``expected`` has finite ones.
+
+    Item by item where the structures match (a tensor of the expected shape: element by element);
+    elsewhere (a property check returns more than the reference) any NaN or infinity in ``got``
+    is a problem when ``expected`` holds none. A check that reads ``if error > tol: fail`` passes
+    on NaN; the judge runs this before every comparison, so such a check cannot be passed with NaN.
+    """
+    name = where or "the result"
+    if isinstance(got, torch.Tensor) and (got.is_floating_point() or got.is_complex()):
+        bad = ~torch.isfinite(got)
+        if isinstance(expected, torch.Tensor) and expected.shape == got.shape and (
+                expected.is_floating_point() or expected.is_complex()):
+            bad &= torch.isfinite(expected)
+        elif not _all_finite(expected):
+            return []
+        if bool(bad.any()):
+            return [f"{name}: {int(bad.sum())} of {got.numel()} entries are NaN or infinite where the "
+                    f"reference is finite"]
+        return []
+    if isinstance(got, float):
+        finite = math.isfinite(got) or not _all_finite(expected)
+        return [] if finite else [f"{name}: got {got!r} where the reference is finite"]
+    if isinstance(got, dict):
+        same = isinstance(expected, dict)
+        return [p for k, v in got.items() for p in nonfinite_problems(
+            v, expected[k] if same and k in expected else expected, f"{where}[{k!r}]" if where else str(k))]
+    if isinstance(got, (list, tuple)):
+        same = isinstance(expected, (list, tuple)) and len(expected) == len(got)
+        return [p for i, v in enumerate(got) for p in nonfinite_problems(
+            v, expected[i] if same else expected, f"{where}[{i}]" if where else f"item {i}")]
+    return []

@@ -7,7 +7,6 @@ import importlib.abc
 import importlib.machinery
 import inspect
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from .checks import OffLimitsError
@@ -70,6 +69,67 @@ def off_limits_resolver(entries: dict[str, tuple[Any, list[str]]]) -> Callable[[
     return resolve
 
 
+def _code_objects(obj: Any, out: dict[int, Any]) -> None:
+    """Every code object of a function, or of the functions, methods and properties of a class."""
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        for f in (obj.fget, obj.fset, obj.fdel):
+            if f is not None:
+                _code_objects(f, out)
+        return
+    if isinstance(obj, type):
+        for value in vars(obj).values():
+            if not isinstance(value, type) or value.__qualname__.startswith(obj.__qualname__ + "."):
+                _code_objects(value, out)
+        return
+    stack = [getattr(obj, "__code__", None)]
+    while stack:
+        code = stack.pop()
+        if isinstance(code, type(_code_objects.__code__)) and id(code) not in out:
+            out[id(code)] = code
+            stack += [c for c in code.co_consts if isinstance(c, type(code))]
+
+
+_LIBRARY: dict[int, Any] = {}          # id -> code object of the library (kept alive here)
+_SOURCES: dict[str, bytes] = {}        # module name -> its source file's bytes when first seen
+
+
+def _module_code(module) -> None:
+    """Add a library module's code objects to `_LIBRARY`, if its file is the one first seen."""
+    name, path = module.__name__, getattr(module, "__file__", None)
+    try:
+        source = open(path, "rb").read() if path else b""
+    except OSError:
+        return
+    if _SOURCES.setdefault(name, source) != source:        # the file was changed since: not the library
+        return
+    for value in list(vars(module).values()):
+        if getattr(value, "__module__", None) == name:
+            _code_objects(value, _LIBRARY)
+
+
+def _library_code() -> dict[int, Any]:
+    """The code objects of every ``xfam_lib`` function and method, by id.
+
+    Every library module is imported the first time, before any submission code runs; a module
+    executed again (a reload) counts only if its file is unchanged since it was first read. Code with a forged file
+    name, or a function built from a forged code object, is never the library's.
+    """
+    if not _LIBRARY:
+        import pkgutil
+
+        import xfam_lib
+
+        for info in pkgutil.iter_modules(xfam_lib.__path__):
+            with contextlib.suppress(Exception):
+                importlib.import_module(f"xfam_lib.{info.name}")
+    for name, module in list(sys.modules.items()):
+        if name == "xfam_lib" or name.startswith("xfam_lib."):
+            _module_code(module)
+    return _LIBRARY
+
+
 class _Guard:
     """Tripwires on off-limits library callables: a call from the student's code raises `OffLimitsError`.
 
@@ -80,9 +140,7 @@ class _Guard:
 
     def __init__(self, off_limits: dict[str, list[str]]):
         self.entries = expand_off_limits(off_limits)
-        import xfam_lib
-
-        self.library = str(Path(xfam_lib.__file__).resolve().parent)
+        self.library = _library_code()
         self.question: str | None = None
         self.violations: dict[str, list[str]] = {}
         self.wrapped: dict[int, Callable] = {}          # id(original) -> tripwire
@@ -92,7 +150,7 @@ class _Guard:
     # ---- the check
     def check(self, dotted: str, names: set[str], frame) -> None:
         code = frame.f_code
-        if code.co_filename.startswith(self.library):         # the library's own call, by a name it holds
+        if id(code) in self.library:        # the library's own code (by identity), calling by a name it holds
             obj = self.entries[dotted][0]
             bound = (obj, self.wrapped.get(id(obj), obj))
             held = [n for n in code.co_names if any(frame.f_globals.get(n, self) is o for o in bound)]
@@ -192,6 +250,7 @@ class _GuardLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self.inner.exec_module(module)
+        _module_code(module)
         self.guard.patch_module(module)
 
 

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from .channel import message_problem
 from .checks import (Task, TestSpec, _Collector, _collecting, _format_failures, _judge_case, _natural, _one_thread,
                      _Placeholder, load_test_file, missing_name_message)
 from .guard import _Guard, expand_off_limits, off_limits_resolver
 from .runner import _reset_torch_state, run_tasks
 from .sandbox import Limits, _Runner, isolation_available
-from .scanner import _cell_title, _to_python, notebook_code_cells, scan_code
+from .scanner import NOT_ALLOWED, _cell_title, _to_python, allowlist, notebook_code_cells, scan_code
 
 PLUGIN_NAME = "xfam_grading.OtterJudge"
 
@@ -160,13 +161,22 @@ class Judge:
 
     # ---- names the student's code reaches
     def scan(self, cells: list[str]) -> tuple[dict[str, list[str]], list[str]]:
-        """Off-limits uses per question, and review flags, from the code alone."""
+        """Off-limits uses per question, and review flags, from the code alone.
+
+        A name off the allowlist (`allowlist`: the standard library, the grading environment's
+        packages, the library names the notebook was given) costs every question: the cell that
+        uses it may answer any of them.
+        """
         setup = self.config.get("setup_cell")
-        reached, flags = scan_code(cells, off_limits_resolver(self.entries), skip=[_to_python(setup)] if setup else [])
+        reached, flags = scan_code(cells, off_limits_resolver(self.entries), skip=[_to_python(setup)] if setup else [],
+                                   allowed=allowlist(self.config.get("library", ())))
         violations: dict[str, list[str]] = {}
         for entry, where in reached:
-            for question in self.entries[entry][1]:
-                text = f"uses {entry} {where}"
+            if entry == NOT_ALLOWED:
+                questions, text = list(self.questions), f"uses a name off the allowlist: {where}"
+            else:
+                questions, text = self.entries[entry][1], f"uses {entry} {where}"
+            for question in questions:
                 violations.setdefault(question, [])
                 if text not in violations[question]:
                     violations[question].append(text)
@@ -174,17 +184,28 @@ class Judge:
 
     # ---- grading
     def grade(self, notebook: Path | str | dict) -> Report:
-        """Run one submitted notebook in a sandboxed runner and score it."""
+        """Run one submitted notebook in a sandboxed runner and score it; never raises.
+
+        Whatever goes wrong while grading one submission (a forged message, a comparison that
+        breaks) costs only that submission, with the error in its report.
+        """
+        start = time.perf_counter()
+        try:
+            report = self._grade(notebook)
+        except Exception as exc:               # contained: the other submissions keep their grades
+            report = self._score({}, {}, [f"grading failed: {type(exc).__name__}: {str(exc)[:200]}"])
+            report.isolation = self.isolation
+        report.seconds = time.perf_counter() - start
+        return report
+
+    def _grade(self, notebook: Path | str | dict) -> Report:
         import nbformat
 
-        start = time.perf_counter()
         try:
             nb = notebook if isinstance(notebook, dict) else nbformat.read(str(notebook), as_version=4)
             nbformat.validate(nb)
         except Exception as exc:
-            report = self._score({}, {}, [f"not a valid notebook: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"])
-            report.seconds = time.perf_counter() - start
-            return report
+            return self._score({}, {}, [f"not a valid notebook: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"])
         cells = [_to_python(c) for c in notebook_code_cells(nb)]
         static, flags = self.scan(cells)
         request = {"cells": cells, "tasks": [t.spec(self.limits.call_seconds) for t in self.tasks],
@@ -197,14 +218,17 @@ class Judge:
             current, stage = None, "starting"
             try:
                 for message in runner.messages():
+                    problem = message_problem(message, len(cells), self.tasks, set(results))
+                    if problem:
+                        raise ValueError(f"the notebook's process sent {problem}; its other messages were ignored")
                     kind = message["kind"]
                     if kind == "cell":
-                        current, stage = message.get("index"), "cell"
+                        current, stage = message["index"], "cell"
                     elif kind == "cell error":
-                        cell_errors[int(message["index"])] = str(message.get("error"))[:300]
+                        cell_errors[message["index"]] = message["error"][:300]
                     elif kind == "tasks":
                         stage = "checks"
-                    elif kind == "task" and isinstance(message.get("id"), int):
+                    elif kind == "task":
                         results[message["id"]] = message
                         current = message["id"] + 1
                     elif kind == "done":
@@ -213,7 +237,7 @@ class Judge:
                 errors.append(f"grading stopped after {self.limits.wall_seconds:g} s "
                               f"({self._where(stage, current, cells)}); everything it started was killed")
             except Exception as exc:
-                errors.append(f"grading stopped: {type(exc).__name__}: {str(exc)[:200]}")
+                errors.append(f"grading stopped: {type(exc).__name__}: {str(exc)[:300]}")
             finally:
                 runner.close()
                 tail = runner.tail.decode("utf-8", "replace")
@@ -224,8 +248,7 @@ class Judge:
         finally:
             self._free_slot(slot)
         report = self._score(results, static, errors, cell_errors, cells)
-        report.flags, report.isolation = flags, self.isolation
-        report.seconds, report.output_tail = time.perf_counter() - start, tail
+        report.flags, report.isolation, report.output_tail = flags, self.isolation, tail
         return report
 
     def grade_namespace(self, env: dict, questions: Iterable[str] | None = None) -> Report:

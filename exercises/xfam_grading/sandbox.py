@@ -4,11 +4,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import json
 import os
 import select
 import signal
-import stat
 import struct
 import subprocess
 import sys
@@ -18,9 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
-from .channel import _MAX_MESSAGE, _pack, _unpack
+from .channel import _MAX_MESSAGE, _MAX_TOTAL, _pack, _unpack
 from .checks import DEFAULT_TIME_LIMIT
 
 # ----------------------------------------------------------------------------- the sandbox (Linux)
@@ -46,45 +45,82 @@ def _mount(libc, source: str | None, target: str, fstype: str | None, flags: int
     _ok(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
-def _traversable(libc, paths: list[str]) -> None:
-    """Let an unprivileged uid reach ``paths`` through directories closed to others (e.g. /root, mode 700).
+_MS_RDONLY, _MS_NOEXEC, _MS_REMOUNT = 0x1, 0x8, 0x20
+_MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 0x400, 0x800, 0x200000
+_NOBODY = 65534                   # the uid the submission sees inside a nested user namespace
+_DEVICES = ("null", "zero", "full", "random", "urandom")
 
-    Each closed directory on the way gets a tmpfs on top holding only bind mounts of the children
-    on those paths (in this mount namespace only).
+
+def _kept_flags(path: str) -> int:
+    """The flags of the mount holding ``path`` that a remount must keep (a user namespace locks them)."""
+    st = os.statvfs(path).f_flag
+    pairs = ((os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV), (os.ST_NOEXEC, _MS_NOEXEC),
+             (os.ST_NOATIME, _MS_NOATIME), (os.ST_NODIRATIME, _MS_NODIRATIME), (os.ST_RELATIME, _MS_RELATIME))
+    return _MS_NOSUID | _MS_NODEV | sum(ms for st_flag, ms in pairs if st & st_flag)
+
+
+def _mountpoint(source: str, target: str) -> None:
+    """An empty directory or file at ``target`` (parents made as needed) to mount ``source`` on."""
+    if os.path.lexists(target):
+        return
+    os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+    if os.path.isdir(source):
+        os.mkdir(target, 0o755)
+    else:
+        open(target, "w").close()
+
+
+def _bind(libc, source: str, root: str, *, writable: bool = False) -> None:
+    """Bind ``source`` at the same path inside ``root``, read-only unless ``writable``; a symlink is copied."""
+    target = root + source
+    if os.path.islink(source):
+        if not os.path.lexists(target):
+            os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+            os.symlink(os.readlink(source), target)
+        return
+    if not os.path.exists(source):
+        return
+    _mountpoint(source, target)
+    _mount(libc, source, target, None, _MS_BIND | _MS_REC)
+    if not writable:
+        _mount(libc, None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _kept_flags(source))
+
+
+def _build_root(libc, root: str, config: dict) -> None:
+    """A new root file system on ``root``, made from an allowlist (``config["binds"]``, see `_root_plan`).
+
+    A tmpfs holds only: read-only binds of the Python installation, of the site-packages entries
+    of the distributions a submission may use (each site-packages folder is a tmpfs of its own, so
+    nothing else installed there shows), of xfam_lib and xfam_grading, and of the system's shared
+    libraries; a few device nodes; an empty private /tmp and /dev/shm, the only writable places.
+    The repository, its .git, the submissions folder, the tests and the home directories are not
+    there at all.
     """
-    blocked: dict[str, set[str]] = {}
-    for path in paths:
-        parts = Path(os.path.realpath(path)).parts
-        for i in range(1, len(parts)):
-            directory = str(Path(*parts[:i]))
-            with contextlib.suppress(OSError):
-                if not os.stat(directory).st_mode & stat.S_IXOTH:
-                    blocked.setdefault(directory, set()).add(parts[i])
-    for directory in sorted(blocked, key=lambda d: len(Path(d).parts)):
-        _tmpfs_keeping(libc, directory, blocked[directory], "size=64k,mode=0755")
-
-
-def _tmpfs_keeping(libc, directory: str, children, options: str) -> None:
-    """Cover ``directory`` with a fresh tmpfs that shows only the named ``children`` (bind mounts of the originals)."""
-    fds = {c: os.open(os.path.join(directory, c), os.O_PATH) for c in children
-           if os.path.exists(os.path.join(directory, c))}
-    _mount(libc, "tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
-    for child, fd in fds.items():
-        target = os.path.join(directory, child)
-        if stat.S_ISDIR(os.stat(f"/proc/self/fd/{fd}").st_mode):
-            os.mkdir(target)
-        else:
-            open(target, "w").close()
-        _mount(libc, f"/proc/self/fd/{fd}", target, None, _MS_BIND | _MS_REC)
-        os.close(fd)
-
-
-def _private_tmpfs(libc, target: str, options: str, needed: list[str]) -> None:
-    """A fresh tmpfs on ``target`` (e.g. /tmp) that still shows the ``needed`` paths under it (a venv in /tmp)."""
-    target = os.path.realpath(target)
-    keep = {Path(os.path.realpath(p)).relative_to(target).parts[0] for p in needed
-            if os.path.realpath(p).startswith(target + os.sep)}
-    _tmpfs_keeping(libc, target, keep, options)
+    limits = config["limits"]
+    _mount(libc, "tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+    plan = config["binds"]
+    for path in plan["system"] + plan["python"]:
+        _bind(libc, path, root)
+    for folder, entries in plan["site"].items():
+        os.makedirs(root + folder, mode=0o755, exist_ok=True)
+        _mount(libc, "tmpfs", root + folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=64k,mode=0755")
+        for entry in entries:
+            _bind(libc, os.path.join(folder, entry), root)
+    for path in plan["packages"]:                      # after the site folders: they may be inside one
+        _bind(libc, path, root)
+    for path in plan["covered"]:                       # e.g. the base Python's own site-packages
+        if os.path.isdir(root + path):
+            _mount(libc, "tmpfs", root + path, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=4k,mode=0755")
+    for device in _DEVICES:
+        _bind(libc, f"/dev/{device}", root, writable=True)
+    size = f"size={limits['file_bytes'] * 4},mode=1777"
+    for tmp in ("/tmp", "/dev/shm"):
+        os.makedirs(root + tmp, mode=0o755, exist_ok=True)
+        _mount(libc, "tmpfs", root + tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, size)
+    os.makedirs(root + "/proc", mode=0o555, exist_ok=True)
+    for path in [root, *(root + folder for folder in plan["site"]), *(root + p for p in plan["covered"])]:
+        if os.path.ismount(path):                      # the folders made here are read-only too
+            _mount(libc, None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
 
 
 def _user_processes(uid: int) -> int:
@@ -96,6 +132,30 @@ def _user_processes(uid: int) -> int:
                 if os.stat(f"/proc/{entry}").st_uid == uid:
                     count += len(os.listdir(f"/proc/{entry}/task"))
     return count
+
+
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+_MNT_DETACH = 2
+
+
+def _pivot_root(libc, root: str) -> None:
+    """Make ``root`` this mount namespace's root and detach the old one: nothing else is reachable."""
+    number = _SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(f"pivot_root: no system call number for {os.uname().machine}")
+    os.chdir(root)
+    _ok(libc.syscall(number, b".", b"."), "pivot_root")
+    _ok(libc.umount2(b".", _MNT_DETACH), "umount the old root")
+    os.chdir("/")
+
+
+def _lock_mounts(libc, uid: int, gid: int) -> None:
+    """In a user namespace: enter a nested one, where the mounts made above are locked (they cannot be
+    unmounted or made writable) and this process holds no capability over them."""
+    _ok(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS), "unshare")
+    Path("/proc/self/setgroups").write_text("deny")
+    Path("/proc/self/uid_map").write_text(f"{_NOBODY} 0 1")
+    Path("/proc/self/gid_map").write_text(f"{_NOBODY} 0 1")
 
 
 def _sandbox(config: dict) -> None:
@@ -115,21 +175,12 @@ def _sandbox(config: dict) -> None:
             Path("/proc/self/uid_map").write_text(f"0 {uid} 1")
             Path("/proc/self/gid_map").write_text(f"0 {gid} 1")
         _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)
-        if mode == "root":
-            _traversable(libc, config["needed"])
-        size = f"size={limits['file_bytes'] * 4},mode=1777"
-        for tmp in ("/tmp", "/var/tmp", "/dev/shm"):
-            if os.path.isdir(tmp):
-                _private_tmpfs(libc, tmp, size, config["needed"])
-        for hidden in config["hide"]:
-            if os.path.isdir(hidden):
-                _mount(libc, "tmpfs", hidden, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=4k,mode=0700")
-            elif os.path.exists(hidden):
-                _mount(libc, "/dev/null", hidden, None, _MS_BIND)
+        root = config["scratch"]                          # the judge's empty folder becomes the new root
+        _build_root(libc, root, config)
         scratch = "/tmp/submission"
-        os.mkdir(scratch, 0o700)
+        os.mkdir(root + scratch, 0o700)
         if mode == "root":
-            os.chown(scratch, config["uid"], config["uid"])
+            os.chown(root + scratch, config["uid"], config["uid"])
         pid = os.fork()
         if pid:                                   # stay as the namespace's parent until its init ends
             for fd in (0, 1, 2, config["reply_fd"]):
@@ -138,6 +189,11 @@ def _sandbox(config: dict) -> None:
             _, status = os.waitpid(pid, 0)
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
         _ok(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
+        # PID 1 of the new PID namespace: a fresh /proc shows only the submission's processes
+        _mount(libc, "proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        _pivot_root(libc, root)
+        if mode == "userns":
+            _lock_mounts(libc, uid, gid)
     else:
         nproc_base = _user_processes(os.getuid())
     for which, value in ((resource.RLIMIT_AS, limits["memory_bytes"]), (resource.RLIMIT_FSIZE, limits["file_bytes"]),
@@ -195,14 +251,66 @@ def isolation_available() -> str:
     return "basic"
 
 
-def _needed_paths() -> list[str]:
+# What a runner's file system holds besides the Python installation and the two packages: the
+# distributions xfam_lib depends on, with theirs (what the autograder zip installs for submissions),
+# and the system's shared libraries.
+_RUNTIME = ("torch", "numpy", "matplotlib", "tqdm", "ipywidgets")
+_SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/fonts",
+           "/etc/ld.so.conf.d")
+
+
+@functools.lru_cache(maxsize=None)
+def _site_entries() -> dict[str, list[str]]:
+    """site-packages folder -> its entries (packages, modules, metadata) of `_RUNTIME` and their requirements."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    todo, seen, out = list(_RUNTIME), set(), {}
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        for text in dist.requires or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+        folder = os.path.realpath(dist.locate_file(""))
+        for file in dist.files or []:
+            top = file.parts[0]
+            if top not in ("..", "__pycache__") and os.path.lexists(os.path.join(folder, top)):
+                out.setdefault(folder, set()).add(top)
+    return {folder: sorted(entries) for folder, entries in out.items()}
+
+
+def _root_plan(hide: list[str]) -> dict:
+    """What `_build_root` binds: ``system``, ``python``, ``packages`` (xfam_lib, xfam_grading), ``site``
+    (site-packages folder -> allowed entries) and ``covered`` (the base Python's site-packages)."""
+    import sysconfig
+
     import xfam_lib
 
-    paths = [sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, sys.exec_prefix,
-             str(Path(xfam_lib.__file__).resolve().parent), str(Path(torch.__file__).resolve().parent),
-             *_import_paths()]
-    paths += [p for p in sys.path if p and os.path.isdir(p)]
-    return list(dict.fromkeys(paths))
+    site = _site_entries()
+    packages = [str(Path(xfam_lib.__file__).resolve().parent), str(Path(__file__).resolve().parent)]
+    python = [os.path.realpath(p) for p in (sys.base_prefix, os.path.join(sys.prefix, "pyvenv.cfg"),
+                                            os.path.join(sys.prefix, "bin"))]
+    base_site = os.path.realpath(sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
+                                 ["purelib"])
+    plan = {"system": list(_SYSTEM), "python": list(dict.fromkeys(python)), "packages": packages, "site": site,
+            "covered": [base_site] if base_site not in site else []}
+    shown = plan["python"] + packages + [os.path.join(f, e) for f, entries in site.items() for e in entries]
+    for hidden in map(os.path.realpath, hide):     # a bound folder must not hold a hidden path
+        clash = [p for p in shown if hidden == p or hidden.startswith(p + os.sep)]
+        if clash:
+            raise RuntimeError(f"the runner's file system would show {hidden}, which must stay hidden, "
+                               f"through {clash[0]}")
+    return plan
 
 
 # The runner imports the judge's own xfam_grading and xfam_lib (the paths in its config), not whatever
@@ -227,9 +335,9 @@ class _Runner:
         self.tail = b""
         self.scratch = tempfile.TemporaryDirectory(prefix="xfam_runner_")
         read_fd, write_fd = os.pipe()
-        config = {"reply_fd": write_fd, "isolation": isolation, "uid": uid, "hide": hide,
-                  "limits": dataclasses.asdict(limits), "needed": _needed_paths(), "scratch": self.scratch.name,
-                  "path": _import_paths()}
+        config = {"reply_fd": write_fd, "isolation": isolation, "uid": uid, "limits": dataclasses.asdict(limits),
+                  "scratch": self.scratch.name, "path": _import_paths(),
+                  "binds": _root_plan(hide) if isolation != "basic" else {}}
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
         if isolation == "basic":
@@ -275,13 +383,16 @@ class _Runner:
     def messages(self):
         """Yield the runner's messages; stops at the end, at an unreadable frame, or raises TimeoutError."""
         deadline = time.monotonic() + self.limits.wall_seconds
+        total = 0
         while True:
             head = self._read(8, deadline)
             if head is None:
                 return
             (size,) = struct.unpack(">Q", head)
-            if size > _MAX_MESSAGE:
-                raise ValueError(f"a message of {size} bytes from the runner (more than {_MAX_MESSAGE})")
+            total += size
+            if size > _MAX_MESSAGE or total > _MAX_TOTAL:
+                raise ValueError(f"a message of {size} bytes from the runner (at most {_MAX_MESSAGE} each, "
+                                 f"{_MAX_TOTAL} in all)")
             data = self._read(size, deadline)
             if data is None:
                 return

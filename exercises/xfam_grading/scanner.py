@@ -28,12 +28,27 @@ def notebook_code_cells(nb) -> list[str]:
     return cells
 
 
+NOT_ALLOWED = "not allowed"                       # the entry `scan_code` reports for a name off the allowlist
+_RUN_BODY = ("time", "timeit", "capture")            # cell magics whose body is the cell's own Python
+_LINE_TIMING = re.compile(r"^([ \t]*)%(?:time|timeit)(?:[ \t]+-\S+)*[ \t]+", re.M)
+
+
 def _to_python(source: str) -> str:
-    """A cell's IPython syntax (magics, ``!cmd``) as plain Python calling ``get_ipython()``."""
+    """A cell's IPython syntax as plain Python: what the grader scans is what the runner runs.
+
+    ``%%time``, ``%%timeit`` and ``%%capture`` cells become their body and ``%time stmt`` lines
+    their statement, so that code is scanned like any other. Other magics and ``!cmd`` become
+    ``get_ipython()`` calls, which do nothing in the runner (their text is never run).
+    """
     from IPython.core.inputtransformer2 import TransformerManager
 
+    stripped = source.lstrip("\n")
+    if stripped.startswith("%%"):
+        first, _, body = stripped.partition("\n")
+        if first[2:].split(" ")[0].strip() in _RUN_BODY:
+            return _to_python(body)
     try:
-        return TransformerManager().transform_cell(source)
+        return TransformerManager().transform_cell(_LINE_TIMING.sub(r"\1", source))
     except Exception:          # leave it as is: compiling it in the runner reports the error
         return source
 
@@ -72,6 +87,64 @@ _INTROSPECTION = {"__globals__", "__code__", "__closure__", "__builtins__", "__s
                   "__reduce__", "__reduce_ex__", "__wrapped__", "__self__", "f_locals", "f_globals", "f_back",
                   "f_code", "tb_frame", "gi_frame", "cr_frame", "co_consts", "__traceback__", "__setstate__",
                   "__getattribute__", "__class__", "__bases__", "__mro__", "__loader__", "__spec__"}
+# Dunder attributes a submission may name; reading any other (``__closure__``, ``__globals__``, ...) or
+# building an attribute name at run time is flagged.
+_DUNDER_OK = {"__init__", "__name__", "__qualname__", "__doc__", "__call__", "__len__", "__iter__", "__next__",
+              "__getitem__", "__setitem__", "__contains__", "__repr__", "__str__", "__eq__", "__hash__", "__enter__",
+              "__exit__", "__version__", "__add__", "__mul__", "__matmul__", "__post_init__"}
+# What a submission may import: the standard library and the packages of the grading environment.
+# Names of xfam_lib are allowed one by one (`allowlist`); these are always allowed.
+PACKAGES = ("torch", "numpy", "matplotlib", "mpl_toolkits", "tqdm", "ipywidgets", "IPython", "xfam_lib",
+            "xfam_grading", "otter")
+LIBRARY_ALWAYS = ("xfam_lib.utils", "xfam_lib.plots", "xfam_lib.testing")
+
+
+def _suspicious(attr: str) -> bool:
+    return attr in _INTROSPECTION or (attr.startswith("__") and attr.endswith("__") and attr not in _DUNDER_OK)
+
+
+def allowlist(library: Iterable[str] = ()) -> Callable[[str], str | None]:
+    """For `scan_code`: a dotted name -> why a submission may not use it (None when it may).
+
+    Allowed: the standard library, `PACKAGES`, and of ``xfam_lib`` only `LIBRARY_ALWAYS` and the
+    names in ``library`` (what the handed-out notebook imports), with their attributes. A private
+    helper, another module's version of the same computation, a package installed only for the
+    book's own tests: none is on the list.
+    """
+    import sys
+
+    names = tuple(LIBRARY_ALWAYS) + tuple(library)
+
+    def why(dotted: str) -> str | None:
+        root = dotted.split(".")[0]
+        if root == "xfam_lib":
+            if any(dotted == n or dotted.startswith(n + ".") or n.startswith(dotted + ".") for n in names):
+                return None
+            return f"{dotted} is not among the library names this notebook may use ({', '.join(names)})"
+        if root in sys.stdlib_module_names or root in PACKAGES:
+            return None
+        return (f"{root} is not in the grading environment (a submission may import the standard library, "
+                f"{', '.join(p for p in PACKAGES if p != 'xfam_lib')} and the library names it was given)")
+
+    return why
+
+
+def library_imports(cells: list[str]) -> list[str]:
+    """The ``xfam_lib`` names a notebook's cells import (``from xfam_lib.m import a`` -> ``xfam_lib.m.a``)."""
+    found = []
+    for source in cells:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("xfam_lib"):
+                found += [f"{node.module}.{a.name}" for a in node.names if a.name != "*"]
+            elif isinstance(node, ast.Import):
+                found += [a.name for a in node.names if a.name.startswith("xfam_lib.")]
+    return sorted(set(found))
+
+
 _WRITE_METHODS = {"write_text", "write_bytes", "unlink", "rmdir", "touch", "chmod", "symlink_to", "hardlink_to",
                   "rename"}
 
@@ -79,8 +152,11 @@ _WRITE_METHODS = {"write_text", "write_bytes", "unlink", "rmdir", "touch", "chmo
 class _Scanner(ast.NodeVisitor):
     """Walks one cell: which off-limits names it reaches, and what to flag for review."""
 
-    def __init__(self, resolve: Callable[[str], list[str]], cell: int, title: str):
+    def __init__(self, resolve: Callable[[str], list[str]], cell: int, title: str,
+                 allowed: Callable[[str], str | None] | None = None):
         self.resolve = resolve                 # dotted name -> off-limits entries it reaches
+        self.allowed = allowed                 # dotted name -> why it is not allowed (None: allowed)
+        self.refused: list[tuple[str, int]] = []           # (why, line)
         self.cell, self.title = cell, title
         self.aliases: dict[str, str] = {}
         self.strings: dict[str, str] = {}
@@ -135,8 +211,12 @@ class _Scanner(ast.NodeVisitor):
 
     def reach(self, node: ast.AST, dotted: str | None) -> None:
         if dotted:
-            for entry in self.resolve(dotted):
+            entries = self.resolve(dotted)
+            for entry in entries:
                 self.reached.append((entry, dotted, getattr(node, "lineno", 0)))
+            why = self.allowed(dotted) if self.allowed and not entries else None   # off limits: its part only
+            if why:
+                self.refused.append((why, getattr(node, "lineno", 0)))
 
     # ---- imports and names
     def visit_Import(self, node: ast.Import) -> None:
@@ -199,7 +279,7 @@ class _Scanner(ast.NodeVisitor):
             base = self.dotted(target.value)
             if base and base.split(".")[0] in _SENSITIVE_ROOTS:
                 self.flag(target, f"{verb} {base}.{target.attr}")
-            elif target.attr in _INTROSPECTION:
+            elif _suspicious(target.attr):
                 self.flag(target, f"{verb} {target.attr}")
         elif isinstance(target, ast.Subscript):
             base = self.dotted(target.value)
@@ -215,7 +295,7 @@ class _Scanner(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         dotted = self.dotted(node)
         self.reach(node, dotted)
-        if node.attr in _INTROSPECTION:
+        if _suspicious(node.attr):
             self.flag(node, f"reads {node.attr} (inspects objects, frames or modules)")
         if dotted:
             root, _, attr = dotted.partition(".")
@@ -234,6 +314,17 @@ class _Scanner(ast.NodeVisitor):
         dotted = self.dotted(node)
         self.reach(node, dotted)
         name = node.func.id if isinstance(node.func, ast.Name) else None
+        if name in ("getattr", "setattr", "delattr", "hasattr") and name not in self.aliases and len(node.args) >= 2:
+            attr = self.text(node.args[1])
+            if attr is None:
+                self.flag(node, f"{name} with an attribute name built at run time")
+            elif _suspicious(attr):
+                self.flag(node, f"reads {attr} with {name} (inspects objects, frames or modules)")
+        if name in ("vars", "globals", "locals") and name not in self.aliases:
+            self.flag(node, f"reads a namespace ({name})")
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "run_cell_magic":
+            magic = self.text(node.args[0]) if node.args else None
+            self.flag(node, f"has a %%{magic or '?'} cell, which the grader does not run")
         if name in _FLAGGED_CALLS and name not in self.aliases:
             what = _FLAGGED_CALLS[name]
             if what:
@@ -259,12 +350,13 @@ class _Scanner(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def scan_code(cells: list[str], resolve: Callable[[str], list[str]], *, skip: Iterable[str] = ()) \
-        -> tuple[list[tuple[str, str]], list[str]]:
+def scan_code(cells: list[str], resolve: Callable[[str], list[str]], *, skip: Iterable[str] = (),
+              allowed: Callable[[str], str | None] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
     """Read a notebook's code cells (plain Python) as syntax trees.
 
     Returns ``(reached, flags)``: ``reached`` pairs each off-limits entry the code reaches (via
-    ``resolve``: a dotted name -> the entries it reaches) with a description of where; ``flags``
+    ``resolve``: a dotted name -> the entries it reaches) with a description of where, and, with
+    ``allowed`` (see `allowlist`), each name it may not use as ``("not allowed", why)``; ``flags``
     describes code to review (patching libraries, processes, frames, files, ...). Cells equal to
     one of ``skip`` (the canonical setup cell) and cells that do not parse are left out.
     """
@@ -277,11 +369,12 @@ def scan_code(cells: list[str], resolve: Callable[[str], list[str]], *, skip: It
         except SyntaxError:
             continue
         title = _cell_title(source)
-        scanner = _Scanner(resolve, index, title)
+        scanner = _Scanner(resolve, index, title, allowed)
         scanner.aliases, scanner.strings = aliases, strings       # names carry over between cells
         scanner.visit(tree)
         reached += [(entry, (f"as {spelled} " if spelled != entry else "") + f"({title}, line {line})")
                     for entry, spelled, line in scanner.reached]
+        reached += [(NOT_ALLOWED, f"{why} ({title}, line {line})") for why, line in scanner.refused]
         flags += [f"{what} ({title}, line {line})" for line, what in scanner.flags]
     return reached, list(dict.fromkeys(flags))
 
