@@ -36,25 +36,35 @@ Where a check runs
   verdict, so looking through frames, the garbage collector or module namespaces finds nothing to
   copy, and patching the runner's torch, otter or this package changes nothing the judge computes.
 
-The runner is sandboxed (`Limits`): limits on memory, CPU time, processes, file size and open
-files, on the time of a cell, of a call and of the whole submission; a private scratch
-directory; where the OS allows (root, or unprivileged user namespaces on Linux) new mount,
-network and PID namespaces, so it has no network, cannot see the hidden tests or the master
-notebooks, and every process it starts dies with it; as root it also runs under an
-unprivileged uid of its own, so it cannot write the grader's files and the process limit is
-its own. Without namespaces the judge refuses to run unless told ``isolation="basic"`` (the
-otter plugin allows it: there each submission has its own container).
+The judge trusts nothing the runner sends: every field of every message is checked (each task
+answered once, one result per case, plain data, bounded sizes), and a NaN or infinity where the
+reference is finite fails every kind of check before the check runs. Whatever goes wrong while
+grading one submission costs only that submission.
 
-Two lines of defence against "not writing it yourself"
-------------------------------------------------------
-Each question's ``off_limits`` (in the master notebook, next to the question) lists the library
-names it asks the student to write. (1) `scan_code` reads the notebook's code as a syntax tree:
-an import, attribute access or ``getattr`` that reaches such a name, however it is spelled
-(aliases, string concatenation, ``importlib``), scores the question 0. (2) In the runner those
-names are replaced by tripwires: calling one from the student's code (however it was obtained)
-raises `OffLimitsError` and scores the question 0. `scan_code` also reports **review flags**
-(patching torch or otter, starting processes, reading frames, writing files, ...) for a person
-to read; they are a second line, not the defence.
+The runner is sandboxed (`Limits`): limits on memory, CPU time, processes, file size and open
+files, on the time of a cell, of a call and of the whole submission. Where the OS allows (root,
+or unprivileged user namespaces on Linux) it gets new mount, network and PID namespaces and a
+root file system built from an allowlist: read-only Python, the grading environment's packages,
+``xfam_lib`` and this package; a fresh ``/proc``; a private ``/tmp``. The repository, the tests,
+the masters and the other submissions are not in it, it has no network, and every process it
+starts dies with it. As root it runs under a uid that owns nothing; under user namespaces its
+mounts are locked. Without namespaces the judge refuses to run unless told
+``isolation="basic"`` (the otter plugin allows it: there each submission has its own container).
+
+What a submission may use, and "not writing it yourself"
+--------------------------------------------------------
+`scan_code` reads the notebook's code as a syntax tree (cell magics that run their body are
+read as that body). (1) It may reach only an allowlist (`scanner.allowlist`): the standard
+library, the grading environment's packages and the ``xfam_lib`` names the handed-out notebook
+imports; anything else scores every question 0. (2) Each question's ``off_limits`` (in the
+master notebook, next to the question) lists the library names it asks the student to write;
+an import, attribute access or ``getattr`` that reaches one, however it is spelled, scores that
+question 0. (3) In the runner those names are replaced by tripwires: a call from code that is
+not the library's (known by the identity of its code objects) raises `OffLimitsError` and
+scores the question 0. `scan_code` also reports **review flags** (patching torch or otter,
+starting processes, reading frames or double-underscore attributes, names built at run time,
+writing files, ...) for a person to read; the tripwires still hold the original functions, so
+code that digs them out is caught by these flags, not by the tripwires.
 
 What this does not stop: code that copies a solution (from the public repository or from a
 classmate), or that re-implements the library by reading its source file (the flags point at

@@ -155,12 +155,12 @@ def nonfinite_problems(got: Any, expected: Any, where: str = "") -> list[str]:
         elif not _all_finite(expected):
             return []
         if bool(bad.any()):
-            return [f"{name}: {int(bad.sum())} of {got.numel()} entries are NaN or infinite where the "
-                    f"reference is finite"]
+            return [f"{name}: {int(bad.sum())} of {got.numel()} entries are NaN or infinite; expected finite "
+                    f"values there, as in the reference"]
         return []
     if isinstance(got, float):
         finite = math.isfinite(got) or not _all_finite(expected)
-        return [] if finite else [f"{name}: got {got!r} where the reference is finite"]
+        return [] if finite else [f"{name}: got {got!r}, expected a finite value (the reference is finite)"]
     if isinstance(got, dict):
         same = isinstance(expected, dict)
         return [p for k, v in got.items() for p in nonfinite_problems(

@@ -9,7 +9,6 @@ from pathlib import Path
 from .judge import Judge, Report
 
 
-# ============================================================================= otter: the autograder's plugin, the student's feedback
 class OtterJudge:
     """otter-grader plugin named in the autograder zip's ``otter_config.json``: grading by the `Judge`.
 

@@ -59,7 +59,8 @@ def _cell_title(source: str) -> str:
 
 
 # ============================================================================= static analysis
-_SENSITIVE_ROOTS = ("torch", "xfam_lib", "otter", "builtins", "sys", "os", "numpy", "math", "nbformat", "IPython", "xfam_grading")
+_SENSITIVE_ROOTS = ("torch", "xfam_lib", "otter", "builtins", "sys", "os", "numpy", "math", "nbformat", "IPython",
+                    "xfam_grading")
 _FLAGGED_IMPORTS = {
     "subprocess": "starts processes", "multiprocessing": "starts processes", "pty": "starts processes",
     "ctypes": "calls C functions directly", "signal": "handles signals", "resource": "changes resource limits",
@@ -107,9 +108,9 @@ def allowlist(library: Iterable[str] = ()) -> Callable[[str], str | None]:
     """For `scan_code`: a dotted name -> why a submission may not use it (None when it may).
 
     Allowed: the standard library, `PACKAGES`, and of ``xfam_lib`` only `LIBRARY_ALWAYS` and the
-    names in ``library`` (what the handed-out notebook imports), with their attributes. A private
-    helper, another module's version of the same computation, a package installed only for the
-    book's own tests: none is on the list.
+    names in ``library`` (what the handed-out notebook imports), with their public attributes. A
+    private helper, another module's version of the same computation, a package installed only
+    for the book's own tests: none is on the list.
     """
     import sys
 
@@ -118,6 +119,9 @@ def allowlist(library: Iterable[str] = ()) -> Callable[[str], str | None]:
     def why(dotted: str) -> str | None:
         root = dotted.split(".")[0]
         if root == "xfam_lib":
+            private = [p for p in dotted.split(".") if p.startswith("_") and not p.endswith("__")]
+            if private:
+                return f"{dotted} is a private name of the library"
             if any(dotted == n or dotted.startswith(n + ".") or n.startswith(dotted + ".") for n in names):
                 return None
             return f"{dotted} is not among the library names this notebook may use ({', '.join(names)})"
