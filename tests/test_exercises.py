@@ -424,3 +424,14 @@ def test_answers_from_elsewhere_score_nothing_and_introspection_is_flagged(chapt
     for cell in INTROSPECTION:
         violations, flags = j.scan([cell])
         assert flags and not violations, (cell, flags, violations)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_masters_and_student_notebooks_scan_clean(chapter, built, judge):
+    """The allowlist and the flags leave the book's own answers and the handed-out notebook alone."""
+    from xfam_grading import notebook_code_cells
+    from xfam_grading.scanner import _to_python
+
+    for path in (build.master_path(chapter), built(chapter).student_dir / f"{chapter}_exercises.ipynb"):
+        cells = [_to_python(c) for c in notebook_code_cells(nbformat.read(path, as_version=4))]
+        assert judge(chapter).scan(cells) == ({}, []), path

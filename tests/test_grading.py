@@ -256,6 +256,20 @@ def test_what_a_submission_may_import_is_an_allowlist(cell, allowed):
     assert (not any(e == NOT_ALLOWED for e, _ in reached)) == allowed, reached
 
 
+def test_an_allowed_module_does_not_lend_another_modules_function(monkeypatch):
+    """The allowlist follows the object a name reaches: a function of xfam_lib.attention is refused
+    even when reached through xfam_lib.utils, which is allowed."""
+    import xfam_lib.attention
+    import xfam_lib.utils
+    from xfam_grading.scanner import NOT_ALLOWED, allowlist
+
+    monkeypatch.setattr(xfam_lib.utils, "borrowed", xfam_lib.attention.softmax_naive, raising=False)
+    reached, _ = scan_code(["import xfam_lib.utils as U\nf = U.borrowed"], lambda dotted: [], allowed=allowlist())
+    assert any(e == NOT_ALLOWED and "xfam_lib.attention.softmax_naive" in where for e, where in reached), reached
+    reached, _ = scan_code(["import xfam_lib.utils as U\nf = U.seed_everything"], lambda dotted: [], allowed=allowlist())
+    assert reached == [], reached
+
+
 def test_non_finite_outputs_fail_every_kind_of_check():
     """NaN or inf where the reference is finite fails, whatever the check: default comparison, a
     property check written to fail open (``if error > tol``), a reference that returns None."""

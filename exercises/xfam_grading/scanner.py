@@ -123,7 +123,10 @@ def allowlist(library: Iterable[str] = ()) -> Callable[[str], str | None]:
             if private:
                 return f"{dotted} is a private name of the library"
             if any(dotted == n or dotted.startswith(n + ".") or n.startswith(dotted + ".") for n in names):
-                return None
+                home = _home(dotted)              # an allowed module may hold another module's function
+                if home is None or any(home == n or home.startswith(n + ".") for n in names):
+                    return None
+                return f"{dotted} is {home}, which is not among the library names this notebook may use"
             return f"{dotted} is not among the library names this notebook may use ({', '.join(names)})"
         if root in sys.stdlib_module_names or root in PACKAGES:
             return None
@@ -131,6 +134,20 @@ def allowlist(library: Iterable[str] = ()) -> Callable[[str], str | None]:
                 f"{', '.join(p for p in PACKAGES if p != 'xfam_lib')} and the library names it was given)")
 
     return why
+
+
+def _home(dotted: str) -> str | None:
+    """Where the library function or class a dotted name reaches is defined (``module.qualname``), if it is one."""
+    from .guard import resolve_live
+
+    try:
+        obj = resolve_live(dotted)
+    except Exception:
+        return None
+    module = getattr(obj, "__module__", None)
+    if not (callable(obj) and isinstance(module, str) and module.startswith("xfam_lib")):
+        return None
+    return f"{module}.{getattr(obj, '__qualname__', '')}"
 
 
 def library_imports(cells: list[str]) -> list[str]:
