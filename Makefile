@@ -13,7 +13,7 @@ TORCH_PIN := $(shell grep -E '^torch==' requirements.txt | cut -d' ' -f1)
 
 .PHONY: book test bench exercises grade lock clean
 
-$(STAMP): requirements.txt requirements-grading.txt requirements-lock.txt requirements-nodeps.txt pyproject.toml
+$(STAMP): requirements.txt requirements-grading.txt requirements-lock.txt requirements-nodeps.txt pyproject.toml exercises/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
 	  echo "error: the pinned requirements need Python 3.11, but '$(PYTHON)' is $$($(PYTHON) --version 2>&1)."; \
 	  echo "       Install Python 3.11 (e.g. 'pyenv install 3.11' or your OS package) and run: make PYTHON=python3.11 ..."; \
@@ -23,7 +23,7 @@ $(STAMP): requirements.txt requirements-grading.txt requirements-lock.txt requir
 	$(if $(TORCH_CPU_INDEX),$(PY) -m pip install -q --disable-pip-version-check --no-deps --retries 1 --extra-index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)+cpu")
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-grading.txt -c requirements-lock.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . -e exercises
 	@touch $(STAMP)
 
 ## make book: execute every notebook and build the HTML book into _build/html (fails on any error or warning)

@@ -7,17 +7,17 @@ writes
   that Colab can open the notebook straight from GitHub);
 * ``_build/exercises/chNN/autograder/chNN_exercises-autograder.zip``: the autograder with the
   public **and hidden** tests. It is self-sufficient: ``otter_config.json`` names the grading
-  plugin `xfam_lib.grading.OtterJudge` with this chapter's off-limits names, the zip carries the
-  ``xfam_lib`` wheel of this checkout, and ``environment.yml`` / ``requirements.txt`` pin CPU
-  torch, that wheel and otter-grader, so ``otter grade`` and Gradescope build it unchanged.
+  plugin `xfam_grading.OtterJudge` with this chapter's off-limits names, the zip carries the
+  ``xfam_lib`` and ``xfam_grading`` wheels of this checkout, and ``environment.yml`` /
+  ``requirements.txt`` pin CPU torch, those wheels and otter-grader, so ``otter grade`` and Gradescope build it unchanged.
 
 Before assigning, it checks the master's grading policy (`validate_master`), makes its first
 cell the canonical setup cell (`setup_cell_source`) and gives it Colab's GPU metadata. After
-assigning, the judge collects every test once (`xfam_lib.grading.Judge`), which proves that each
+assigning, the judge collects every test once (`xfam_grading.Judge`), which proves that each
 check builds its cases and its reference. In the student notebook otter's unpinned
 ``%pip install otter-grader`` cell is dropped (the setup cell installs the pinned one and
 ``xfam_lib`` at the book's release, and fetches the public tests of that release), otter's init
-cell uses `xfam_lib.grading.otter_notebook` (failure messages without otter's traceback
+cell uses `xfam_grading.otter_notebook` (failure messages without otter's traceback
 header), and links to the chapter point at the chapter on GitHub at the release.
 
 Usage: ``python exercises/build.py [ch01 ...]`` (default: every chapter). ``make exercises`` runs it.
@@ -47,13 +47,13 @@ EXERCISES = ROOT / "exercises"
 BUILD = ROOT / "_build" / "exercises"
 OTTER_PIP_CELL = "%pip install -q otter-grader"
 OTTER_INIT_PREFIX = "# Initialize Otter"
-INIT_SOURCE = f"{OTTER_INIT_PREFIX}\nfrom xfam_lib.grading import otter_notebook\ngrader = otter_notebook()"
+INIT_SOURCE = f"{OTTER_INIT_PREFIX}\nfrom xfam_grading import otter_notebook\ngrader = otter_notebook()"
 OTTER_CHECK_ALL_TEXT = "To double-check your work, the cell below will rerun all of the autograder tests."
 CHECK_ALL_TEXT = ("To double-check your work, the cell below re-runs every **public** test of this notebook. The "
                   "hidden tests, which give the points, run only when your instructor grades.")
 SETUP_TAG = "hide-cell"
 COLAB_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4", "provenance": []}}
-PLUGIN = "xfam_lib.grading.OtterJudge"
+PLUGIN = "xfam_grading.OtterJudge"
 TORCH_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
 WHEEL_DEPENDENCIES = ("torch", "numpy", "matplotlib", "ipywidgets", "tqdm")   # pyproject's, pinned from the lock
 VOLATILE = {".OTTER_LOG", "__pycache__", ".ipynb_checkpoints"}   # made by running a notebook, never generated
@@ -110,7 +110,8 @@ def setup_cell_source(chapter: str) -> str:
     """The first cell of a chapter's exercise notebooks.
 
     The chapters' canonical setup cell (scripts/setup_cell.py, which installs ``xfam_lib`` at the
-    release) with the pinned otter-grader added to its Colab install line, then, on Colab only, a
+    release) with the pinned otter-grader and the grading package (``xfam_grading``, from the repository's
+    ``exercises`` folder at the release) added to its Colab install line, then, on Colab only, a
     sparse shallow clone of the repository at the release that copies just
     ``exercises/<chapter>/student/tests`` to ``./tests`` (otter looks there).
     """
@@ -132,7 +133,8 @@ def setup_cell_source(chapter: str) -> str:
         "                               \"message is above): run this cell again.\")\n"
         "    shutil.copytree(os.path.join(repo, tests), \"tests\")"
     )
-    return _setup_cell_module().setup_cell_source(extra_pip=f'"{otter_requirement()}"') + fetch
+    grading = 'f"xfam_grading @ git+{URL}@{RELEASE}#subdirectory=exercises"'      # URL, RELEASE: the cell's
+    return _setup_cell_module().setup_cell_source(extra_pip=f'"{otter_requirement()}", {grading}') + fetch
 
 
 def chapter_url(notebook: str) -> str:
@@ -231,7 +233,7 @@ def parse_master(master: Path) -> list[Question]:
 
 def program_cells(notebook, chapter: str) -> list[str]:
     """The code cells that make up a notebook's answers, in order: no setup, otter or test cells."""
-    from xfam_lib.grading import notebook_code_cells
+    from xfam_grading import notebook_code_cells
 
     nb = notebook if isinstance(notebook, nbformat.NotebookNode) else nbformat.read(notebook, as_version=4)
     setup = setup_cell_source(chapter)
@@ -257,7 +259,7 @@ def validate_master(master: Path) -> list[Question]:
     its own part's answer defines (so a stub in another part cannot cost it points); test function
     names are unique; every ``off_limits`` name imports and is named in the question's text.
     """
-    from xfam_lib.grading import resolve_live
+    from xfam_grading.guard import resolve_live
 
     problems, seen, names = [], set(), set()
     questions = parse_master(master)
@@ -305,10 +307,14 @@ def validate_master(master: Path) -> list[Question]:
     return questions
 
 
-def judge_config(chapter: str, questions: list[Question]) -> dict:
-    """The grading plugin's configuration in the autograder's ``otter_config.json``."""
+def judge_config(chapter: str, questions: list[Question], library: list[str] = ()) -> dict:
+    """The grading plugin's configuration in the autograder's ``otter_config.json``.
+
+    ``library``: the ``xfam_lib`` names the student notebook imports, which a submission may use
+    (with the modules every notebook may use, `xfam_grading.scanner.LIBRARY_ALWAYS`).
+    """
     return {"chapter": chapter, "release": release(), "setup_cell": setup_cell_source(chapter),
-            "off_limits": {q.name: q.off_limits for q in questions if q.off_limits}}
+            "off_limits": {q.name: q.off_limits for q in questions if q.off_limits}, "library": list(library)}
 
 
 # ----------------------------------------------------------------------------- the student notebook
@@ -350,40 +356,51 @@ def _student_notebook(path: Path, setup_source: str):
 _WHEELS: dict[str, Path] = {}
 
 
-def xfam_lib_wheel() -> Path:
-    """A wheel of this checkout's ``xfam_lib`` (built once per source state, outside the repository)."""
-    files = sorted((ROOT / "xfam_lib").glob("*.py")) + [ROOT / "pyproject.toml"]
+def _wheel(package: str, project: Path) -> Path:
+    """A wheel of this checkout's ``package`` (``project``: the folder with its pyproject.toml and the package),
+    built once per source state, outside the repository."""
+    files = sorted((project / package).glob("*.py")) + [project / "pyproject.toml"]
     digest = hashlib.sha1(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()[:12]
     if digest not in _WHEELS:
         out = Path(tempfile.mkdtemp(prefix="xfam_wheel_"))
         with tempfile.TemporaryDirectory(prefix="xfam_wheel_src_") as tmp:
             src = Path(tmp)
-            shutil.copytree(ROOT / "xfam_lib", src / "xfam_lib", ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(project / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
             for name in ("pyproject.toml", "README.md", "LICENSE", "LICENSE-TEXT"):
-                if (ROOT / name).exists():
-                    shutil.copy2(ROOT / name, src / name)
+                if (project / name).exists():
+                    shutil.copy2(project / name, src / name)
             subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                             "--wheel-dir", str(out), str(src)], check=True, capture_output=True)
-        wheels = list(out.glob("xfam_lib-*.whl"))
+        wheels = list(out.glob(f"{package}-*.whl"))
         if len(wheels) != 1:
-            raise RuntimeError(f"pip wheel made {len(wheels)} xfam_lib wheels")
+            raise RuntimeError(f"pip wheel made {len(wheels)} {package} wheels")
         _WHEELS[digest] = wheels[0]
     return _WHEELS[digest]
 
 
-def grading_requirements(wheel: str) -> list[str]:
+def xfam_lib_wheel() -> Path:
+    """A wheel of this checkout's ``xfam_lib``."""
+    return _wheel("xfam_lib", ROOT)
+
+
+def grading_wheel() -> Path:
+    """A wheel of this checkout's ``xfam_grading`` (exercises/pyproject.toml)."""
+    return _wheel("xfam_grading", EXERCISES)
+
+
+def grading_requirements(folder: str) -> list[str]:
     """The autograder's Python packages: otter with its grading extras (a kernel), CPU torch and xfam_lib's
-    other dependencies pinned from the lock file, and the xfam_lib wheel."""
+    other dependencies pinned from the lock file, and the xfam_lib and xfam_grading wheels (in ``folder``)."""
     lock = ROOT / "requirements-lock.txt"
     otter = otter_requirement().replace("otter-grader==", "otter-grader[grading]==")
-    return [TORCH_INDEX, otter, *(_pin(p, lock) for p in WHEEL_DEPENDENCIES), wheel]
+    wheels = [f"{folder}/{w.name}" for w in (xfam_lib_wheel(), grading_wheel())]
+    return [TORCH_INDEX, otter, *(_pin(p, lock) for p in WHEEL_DEPENDENCIES), *wheels]
 
 
 def _finish_zip(zip_path: Path, autograder_dir: Path, config: dict) -> None:
-    """Add the plugin, the pinned requirements and the xfam_lib wheel to otter's autograder zip."""
+    """Add the plugin, the pinned requirements and the xfam_lib and xfam_grading wheels to otter's autograder zip."""
     import yaml
 
-    wheel = xfam_lib_wheel()
     with zipfile.ZipFile(zip_path) as zf:
         files = {name: zf.read(name) for name in zf.namelist()}
     otter_config = json.loads(files["otter_config.json"])
@@ -393,12 +410,13 @@ def _finish_zip(zip_path: Path, autograder_dir: Path, config: dict) -> None:
     environment = yaml.safe_load(files["environment.yml"])
     pip = next(d for d in environment["dependencies"] if isinstance(d, dict) and "pip" in d)
     pip["pip"] = [r for r in pip["pip"] if r.startswith("otter-grader")] + \
-        [r for r in grading_requirements(f"/autograder/source/{wheel.name}") if not r.startswith("otter-grader")]
+        [r for r in grading_requirements("/autograder/source") if not r.startswith("otter-grader")]
     files["environment.yml"] = yaml.safe_dump(environment, sort_keys=False).encode()
     files["requirements.txt"] = ("# What environment.yml installs (otter grade and Gradescope build from that file).\n"
                                  "# For a plain venv, run pip in the unzipped folder: pip install -r requirements.txt\n"
-                                 + "\n".join(grading_requirements(f"./{wheel.name}")) + "\n").encode()
-    files[wheel.name] = wheel.read_bytes()
+                                 + "\n".join(grading_requirements(".")) + "\n").encode()
+    for wheel in (xfam_lib_wheel(), grading_wheel()):
+        files[wheel.name] = wheel.read_bytes()
     tmp = zip_path.with_suffix(".tmp")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for name, data in files.items():
@@ -424,7 +442,8 @@ def assign(chapter: str, out_dir: Path, master: Path | None = None) -> Built:
     """
     from otter.assign import main as otter_assign
 
-    from xfam_lib.grading import Judge
+    from xfam_grading import Judge
+    from xfam_grading.scanner import library_imports
 
     master = master or master_path(chapter)
     questions = validate_master(master)
@@ -442,7 +461,7 @@ def assign(chapter: str, out_dir: Path, master: Path | None = None) -> Built:
     if len(zips) != 1:
         raise RuntimeError(f"otter assign made {len(zips)} autograder zips in {out_dir / 'autograder'}")
     zip_path = zips[0].rename(out_dir / "autograder" / f"{chapter}_exercises-autograder.zip")
-    config = judge_config(chapter, questions)
+    config = judge_config(chapter, questions, library_imports(program_cells(student_nb, chapter)))
     _finish_zip(zip_path, out_dir / "autograder", config)
     Judge(out_dir / "autograder" / "tests", config, isolation="basic")   # every check builds its cases and reference
     return Built(chapter, out_dir / "student", out_dir / "autograder", zip_path, time.perf_counter() - start)

@@ -3,17 +3,19 @@
     python exercises/grade.py ch01 path/to/submissions --out grades_ch01.csv --jobs 2
 
 Every ``*.ipynb`` in the folder is graded against the chapter's autograder zip
-(``_build/exercises/chNN/autograder/``, built first if missing) by `xfam_lib.grading.Judge`,
+(``_build/exercises/chNN/autograder/``, built first if missing) by `xfam_grading.Judge`,
 the same judge the zip's otter plugin runs under ``otter grade`` and on Gradescope:
 
 * the judge (this process) reads the hidden tests and computes every case's inputs and expected
   outputs once, before any submission runs;
 * each submission runs in its own sandboxed runner process (limits on memory, CPU time,
-  processes, file size and time; no network, a private /tmp, the tests and the master notebooks
-  hidden, an unprivileged uid of its own when graded as root), which gets only the inputs and
-  returns only the outputs; ``--jobs`` runners run at once;
-* a file that is not a notebook, a crash, ``os._exit``, a fork or memory bomb or a timeout costs
-  only that submission's points, with a message; the run never stops.
+  processes, file size and time; no network; a file system built from an allowlist: Python, the
+  grading environment's packages, xfam_lib and xfam_grading, read-only, a fresh /proc and a
+  private /tmp; an unprivileged uid that owns nothing when graded as root), which gets only the
+  inputs and returns only the outputs; ``--jobs`` runners run at once;
+* a file that is not a notebook, a crash, ``os._exit``, a fork or memory bomb, a timeout, a
+  forged message or any error while grading it costs only that submission's points, with a
+  message; the run never stops, and the CSV has a row for every file.
 
 The CSV has one row per file: ``file``, one column per graded part (points), ``total``,
 ``flags`` (code to review: patching torch or otter, starting processes, reading frames, writing
@@ -75,10 +77,21 @@ def csv_row(name: str, report) -> dict:
     return row
 
 
+def _copy(path: Path):
+    """The notebook at ``path``, parsed in memory, so no submission graded earlier can change it; the path
+    itself when it does not parse (the judge then says why)."""
+    import nbformat
+
+    try:
+        return nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+    except Exception:
+        return path
+
+
 def grade_folder(chapter: str, folder: Path, out_csv: Path, *, autograder: Path | None = None, jobs: int = 1,
                  limits=None, isolation: str = "auto", feedback: Path | None = None, verbose: bool = True) -> list[dict]:
     """Grade every ``*.ipynb`` in ``folder``, write ``out_csv`` and the feedback files; returns the rows."""
-    from xfam_lib.grading import Judge
+    from xfam_grading import Judge
 
     zip_path = autograder.resolve() if autograder else ensure_autograder(chapter)
     start = time.perf_counter()
@@ -92,13 +105,19 @@ def grade_folder(chapter: str, folder: Path, out_csv: Path, *, autograder: Path 
     feedback.mkdir(parents=True, exist_ok=True)
     possible = _fmt(sum(sum(t.points for t in tests) for tests in judge.questions.values()))
     rows = {}
+    copies = {nb: _copy(nb) for nb in notebooks}          # read before any submission runs
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(judge.grade, nb): nb for nb in notebooks}
+        futures = {pool.submit(judge.grade, copies[nb]): nb for nb in notebooks}
         for future in concurrent.futures.as_completed(futures):
             nb = futures[future]
-            report = future.result()
-            rows[nb.name] = csv_row(nb.name, report)
-            (feedback / f"{nb.stem}.txt").write_text(report.summary() + "\n", encoding="utf-8")
+            try:
+                report = future.result()
+                rows[nb.name] = csv_row(nb.name, report)
+                (feedback / f"{nb.stem}.txt").write_text(report.summary() + "\n", encoding="utf-8")
+            except Exception as exc:           # one submission never costs the others their grades
+                rows[nb.name] = {"file": nb.name, **{q: "0" for q in judge.questions}, "total": "0", "flags": "",
+                                 "message": f"grading failed: {type(exc).__name__}: {str(exc)[:200]}"}
+                continue
             if verbose:
                 message = rows[nb.name]["message"]
                 print(f"{nb.name}: {rows[nb.name]['total']}/{possible} in {report.seconds:.1f} s"
@@ -116,7 +135,7 @@ def grade_folder(chapter: str, folder: Path, out_csv: Path, *, autograder: Path 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xfam_lib.grading import Limits
+    from xfam_grading import Limits
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("chapter", help="e.g. ch01")

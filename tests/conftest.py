@@ -1,15 +1,20 @@
-"""Shared pytest configuration: CUDA-only tests are skipped on machines without a GPU.
+"""Shared pytest configuration: CUDA-only tests are skipped on machines without a GPU; the exercises'
+grading package (exercises/xfam_grading, installed with the exercises, not with xfam_lib) imports.
 
 ``XFAM_GPU_TESTS_ON=cpu`` runs the ``gpu`` tests of tests/test_gpu.py on the CPU instead (a dry run of
 that module; its ``device`` fixture then yields the CPU). Other ``gpu`` tests still need CUDA.
 """
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 GPU_DRY_RUN_MODULE = Path(__file__).with_name("test_gpu.py")
+EXERCISES = str(Path(__file__).resolve().parent.parent / "exercises")
+if EXERCISES not in sys.path:
+    sys.path.insert(0, EXERCISES)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 pytestmark = pytest.mark.filterwarnings("ignore:Traits should be given as instances:DeprecationWarning")
 
@@ -86,7 +87,7 @@ def built(tmp_path_factory):
 @pytest.fixture(scope="session")
 def judge(built):
     """``judge(chapter)``: the judge of that chapter's autograder (cases and expected values collected once)."""
-    from xfam_lib.grading import Judge, Limits
+    from xfam_grading import Judge, Limits
 
     done = {}
 
@@ -135,7 +136,7 @@ def public_results(test_file: Path, env: dict):
     """The student's ``grader.check`` of one part: otter runs its public test file on ``env``."""
     from otter.test_files import ExceptionTestFile
 
-    from xfam_lib.grading import trim_otter_message
+    from xfam_grading.otter_plugin import trim_otter_message
 
     tests = ExceptionTestFile.from_file(str(test_file))
     tests.run(env)
@@ -232,8 +233,8 @@ def test_student_notebook_texts_links_and_metadata(chapter, built):
 @pytest.mark.parametrize("chapter, question, variant", list(_variants()))
 def test_part_grades_correctly(chapter, question, variant, built, judge, monkeypatch):
     """The judge's hidden checks and the student's public checks agree with what the answer deserves."""
-    import xfam_lib.grading
-    from xfam_lib.grading import Limits
+    import xfam_grading.checks
+    from xfam_grading import Limits
 
     q = _question(chapter, question)
     j = judge(chapter)
@@ -248,7 +249,7 @@ def test_part_grades_correctly(chapter, question, variant, built, judge, monkeyp
     saved = j.limits
     if variant == "endless_loop":
         j.limits = Limits(call_seconds=ENDLESS_LOOP_LIMIT)
-        monkeypatch.setattr(xfam_lib.grading, "DEFAULT_TIME_LIMIT", ENDLESS_LOOP_LIMIT)
+        monkeypatch.setattr(xfam_grading.checks, "DEFAULT_TIME_LIMIT", ENDLESS_LOOP_LIMIT)
     try:
         verdict = j.grade_namespace(env, [question]).questions[question]
     finally:
@@ -286,7 +287,7 @@ def test_a_stub_costs_only_its_own_part(chapter, built, judge):
 
 def _off_limits_cases():
     """(chapter, part, an off-limits callable): a module entry stands for its first public member."""
-    from xfam_lib.grading import expand_off_limits
+    from xfam_grading.guard import expand_off_limits
 
     for ch in CHAPTERS:
         for q in QUESTIONS[ch]:
@@ -359,3 +360,79 @@ def test_grading_end_to_end(chapter, built, tmp_path):
     assert float(broken["total"]) == 0 and "not a valid notebook" in broken["message"], broken
     feedback = (tmp_path / "feedback" / "wrong_answers.txt").read_text(encoding="utf-8")
     assert f"Score 0 / {possible:g}" in feedback
+
+
+# ----------------------------------------------------------------------------- the second set of attacks, every chapter
+def _poisoned(value):
+    """``value`` with every floating tensor and float made NaN, and whether anything was."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+        return torch.full_like(value, float("nan")), True
+    if isinstance(value, float):
+        return float("nan"), True
+    if isinstance(value, dict):
+        pairs = {k: _poisoned(v) for k, v in value.items()}
+        return {k: v for k, (v, _) in pairs.items()}, any(hit for _, hit in pairs.values())
+    if isinstance(value, (list, tuple)):
+        pairs = [_poisoned(v) for v in value]
+        return type(value)(v for v, _ in pairs), any(hit for _, hit in pairs)
+    return value, False
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_nan_outputs_fail_every_check(chapter, built, judge):
+    """Every check of every chapter, default or property check, fails the solution's outputs made NaN
+    (a property check written `if error > tol` would pass them)."""
+    import copy
+
+    from xfam_grading.checks import _judge_case
+    from xfam_grading.compare import _all_finite
+    from xfam_grading.runner import run_task
+
+    j, env, checked = judge(chapter), namespace(chapter, "solution", built), 0
+    for task in j.tasks:
+        result = run_task(dict(task.spec(j.limits.call_seconds), cases=copy.deepcopy(task.cases)), env, None)
+        for param, case, expected, outcome in zip(task.params, task.cases, task.expected, result["results"]):
+            assert outcome["ok"], (task.label, param, outcome)
+            poisoned, hit = _poisoned(outcome["value"])
+            if hit and _all_finite(expected):
+                assert _judge_case(task.compare, case, poisoned, expected), (task.label, param)
+                checked += 1
+    assert checked, f"{chapter}: no check returns floating outputs"
+
+
+ELSEWHERE = [
+    "import einops",                                            # installed for the book's tests only
+    "from xfam_lib.testing import _first as helper",           # a private helper of an allowed module
+    "import xfam_lib.attention as A\nf = A.softmax_naive",       # the library beyond what the notebook imports
+    "%%time\nimport x_transformers",                             # hidden in a cell magic's body
+]
+INTROSPECTION = [
+    "f = lambda: 0\ncells = getattr(f, '__clo' + 'sure__')",
+    "f = lambda: 0\ng = f.__globals__",
+    "def pick(o, n):\n    return getattr(o, n)",
+]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_answers_from_elsewhere_score_nothing_and_introspection_is_flagged(chapter, judge):
+    """On every chapter: a name off the allowlist costs every part; introspection is flagged."""
+    from xfam_grading.scanner import _to_python
+
+    j = judge(chapter)
+    for cell in ELSEWHERE:
+        violations, _ = j.scan([_to_python(cell)])
+        assert set(violations) == set(j.questions), (cell, violations)
+    for cell in INTROSPECTION:
+        violations, flags = j.scan([cell])
+        assert flags and not violations, (cell, flags, violations)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_masters_and_student_notebooks_scan_clean(chapter, built, judge):
+    """The allowlist and the flags leave the book's own answers and the handed-out notebook alone."""
+    from xfam_grading import notebook_code_cells
+    from xfam_grading.scanner import _to_python
+
+    for path in (build.master_path(chapter), built(chapter).student_dir / f"{chapter}_exercises.ipynb"):
+        cells = [_to_python(c) for c in notebook_code_cells(nbformat.read(path, as_version=4))]
+        assert judge(chapter).scan(cells) == ({}, []), path

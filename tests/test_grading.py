@@ -1,4 +1,4 @@
-"""Proofs for the grader itself (xfam_lib/grading.py): messages, the judge, the sandbox, attacks.
+"""Proofs for the grader itself (the xfam_grading package): messages, the judge, the sandbox, attacks.
 
 * Messages: every failing check is listed with its labelled case; a missing name says which
   and why; otter's "Error at line N" header is trimmed.
@@ -29,9 +29,12 @@ import nbformat
 import pytest
 import torch
 
-from xfam_lib import grading
-from xfam_lib.grading import (OffLimitsError, case_label, check_cases, output_problems, scan_code,
-                              trim_otter_message)
+from xfam_grading import OffLimitsError, case_label, check_cases, output_problems, scan_code
+from xfam_grading import checks
+from xfam_grading import judge as judge_module
+from xfam_grading.checks import adapter_outside_names
+from xfam_grading.guard import _Guard, expand_off_limits, off_limits_resolver
+from xfam_grading.otter_plugin import trim_otter_message
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Traits should be given as instances:DeprecationWarning"),
               pytest.mark.filterwarnings("ignore:The inplace keyword:Warning")]
@@ -103,7 +106,7 @@ def test_check_cases_names_a_missing_function_and_rejects_unlabelled_cases():
 def test_an_endless_loop_is_stopped_once_per_check(monkeypatch):
     import time
 
-    monkeypatch.setattr(grading, "DEFAULT_TIME_LIMIT", 0.2)
+    monkeypatch.setattr(checks, "DEFAULT_TIME_LIMIT", 0.2)
 
     def loop(c):
         while True:
@@ -126,7 +129,7 @@ def test_trim_otter_message_keeps_only_what_the_check_says():
 @pytest.fixture(scope="module")
 def ch02(tmp_path_factory):
     """Chapter 2's autograder (built into a temporary folder) and its judge."""
-    from xfam_lib.grading import Judge
+    from xfam_grading import Judge
 
     built = _build().assign("ch02", tmp_path_factory.mktemp("ch02") / "out")
     return built, Judge.from_autograder(built.zip_path)
@@ -142,7 +145,7 @@ def test_the_runner_request_holds_no_reference(ch02):
 
 def test_an_adapter_may_not_reach_outside_itself():
     source = "def submission(c):\n    return helper(sdpa(c['q']), torch.zeros(1))\n"
-    assert grading.adapter_outside_names(source, "submission", ["sdpa"]) == ["helper"]
+    assert adapter_outside_names(source, "submission", ["sdpa"]) == ["helper"]
 
 
 # ----------------------------------------------------------------------------- static analysis
@@ -150,7 +153,7 @@ OFF = {"q1a": ["xfam_lib.attention.scaled_dot_product_attention"], "q3a": ["xfam
 
 
 def _scan(*cells):
-    return scan_code(list(cells), grading.off_limits_resolver(grading.expand_off_limits(OFF)))
+    return scan_code(list(cells), off_limits_resolver(expand_off_limits(OFF)))
 
 
 @pytest.mark.parametrize("cell", [
@@ -186,7 +189,7 @@ def test_scan_leaves_honest_code_alone():
 def test_a_module_off_limits_covers_its_private_helpers(cell):
     """Placing a whole module off limits covers its private functions too: a student cannot borrow the
     helper that does the public function's work."""
-    reached, _ = scan_code([cell], grading.off_limits_resolver(grading.expand_off_limits({"q1a": ["xfam_lib.linear"]})))
+    reached, _ = scan_code([cell], off_limits_resolver(expand_off_limits({"q1a": ["xfam_lib.linear"]})))
     assert [entry for entry, _ in reached] and all(e.startswith("xfam_lib.linear.") for e, _ in reached), reached
 
 
@@ -194,7 +197,7 @@ def test_a_module_off_limits_covers_its_private_helpers(cell):
     ("import torch\ntorch.allclose = lambda *a, **k: True", "replaces torch.allclose"),
     ("import torch as t\nt.Tensor.__eq__ = lambda s, o: True", "replaces torch.Tensor.__eq__"),
     ("import torch\nsetattr(torch, 'all' + 'close', print)", "replaces torch.allclose with setattr"),
-    ("import xfam_lib.grading as g\ng.output_problems = lambda *a: []", "replaces xfam_lib.grading.output_problems"),
+    ("import xfam_grading as g\ng.output_problems = lambda *a: []", "replaces xfam_grading.output_problems"),
     ("import otter\notter.Notebook.check = None", "replaces otter.Notebook.check"),
     ("import gc\nobjs = gc.get_objects()", "walks the garbage collector"),
     ("import sys\nf = sys._getframe(1).f_locals", "reads call frames"),
@@ -209,6 +212,122 @@ def test_scan_flags_tampering(cell, flag):
     assert any(flag in f for f in flags), flags
 
 
+@pytest.mark.parametrize("cell, flag", [
+    ("f = lambda: 0\ncells = getattr(f, '__clo' + 'sure__')", "reads __closure__ with getattr"),
+    ("import xfam_lib.utils as U\ng = getattr(U.seed_everything, '__glo' + 'bals__')", "reads __globals__ with getattr"),
+    ("def f(o, name):\n    return getattr(o, name)", "getattr with an attribute name built at run time"),
+    ("f = lambda: 0\nc = f.__code__.replace(co_filename='x')", "reads __code__"),
+    ("x = (1).__class__.__base__", "reads __base__"),
+    ("%%bash\nls /", "cell, which the grader does not run"),
+])
+def test_scan_flags_introspection_however_spelled(cell, flag):
+    """Names built at run time and any dunder outside a short allowlist are flagged, magics included."""
+    from xfam_grading.scanner import _to_python
+
+    _, flags = _scan(_to_python(cell))
+    assert any(flag in f for f in flags), flags
+
+
+def test_a_time_magic_cell_is_scanned_as_the_code_it_runs():
+    """``%%time`` used to hide its body in a string the scanner never parsed, which the runner then ran."""
+    from xfam_grading.scanner import _to_python
+
+    cell = _to_python("%%time\nfrom xfam_lib.attention import scaled_dot_product_attention as f\n%time y = f(1)")
+    reached, _ = _scan(cell)
+    assert [e for e, _ in reached] == ["xfam_lib.attention.scaled_dot_product_attention"] * 2, (cell, reached)
+    assert "run_cell_magic" not in cell and "y = f(1)" in cell
+
+
+@pytest.mark.parametrize("cell, allowed", [
+    ("import einops", False),                                    # installed for the book's tests, not for grading
+    ("from x_transformers import Attention", False),
+    ("from xfam_lib.attention import _masked_softmax", False),    # a private helper nobody named off limits
+    ("from xfam_lib.sparse import dense_masked_attention", False),   # the same computation in another module
+    ("import xfam_lib.attention as A\nf = A.softmax_naive", False),
+    ("m = __import__('sci' + 'py')", False),
+    ("import math, itertools, numpy as np, torch.nn.functional as F", True),
+    ("from xfam_lib.utils import seed_everything\nimport xfam_lib.plots", True),
+    ("from xfam_lib.attention import MultiHeadAttention\nm = MultiHeadAttention(4, 2)", True),   # it was given
+])
+def test_what_a_submission_may_import_is_an_allowlist(cell, allowed):
+    from xfam_grading.scanner import NOT_ALLOWED, allowlist
+
+    reached, _ = scan_code([cell], lambda dotted: [], allowed=allowlist(["xfam_lib.attention.MultiHeadAttention"]))
+    assert (not any(e == NOT_ALLOWED for e, _ in reached)) == allowed, reached
+
+
+def test_an_allowed_module_does_not_lend_another_modules_function(monkeypatch):
+    """The allowlist follows the object a name reaches: a function of xfam_lib.attention is refused
+    even when reached through xfam_lib.utils, which is allowed."""
+    import xfam_lib.attention
+    import xfam_lib.utils
+    from xfam_grading.scanner import NOT_ALLOWED, allowlist
+
+    monkeypatch.setattr(xfam_lib.utils, "borrowed", xfam_lib.attention.softmax_naive, raising=False)
+    reached, _ = scan_code(["import xfam_lib.utils as U\nf = U.borrowed"], lambda dotted: [], allowed=allowlist())
+    assert any(e == NOT_ALLOWED and "xfam_lib.attention.softmax_naive" in where for e, where in reached), reached
+    reached, _ = scan_code(["import xfam_lib.utils as U\nf = U.seed_everything"], lambda dotted: [], allowed=allowlist())
+    assert reached == [], reached
+
+
+def test_non_finite_outputs_fail_every_kind_of_check():
+    """NaN or inf where the reference is finite fails, whatever the check: default comparison, a
+    property check written to fail open (``if error > tol``), a reference that returns None."""
+    from xfam_grading.checks import _judge_case
+
+    def fails_open(case, got, expected):
+        error = float((got["rows"] @ got["rows"].T - torch.eye(2)).abs().max())
+        if error > 1e-8:
+            raise AssertionError(f"not orthogonal: {error}")
+
+    nan_rows = {"rows": torch.full((2, 2), float("nan"))}
+    assert fails_open(None, nan_rows, None) is None                 # the check alone lets NaN through
+    assert _judge_case(fails_open, None, nan_rows, None)
+    assert _judge_case(fails_open, None, nan_rows, {"rows": torch.eye(2)})
+    assert _judge_case(None, None, {"x": float("inf"), "y": 1.0}, {"x": 2.0, "y": 1.0})
+    assert _judge_case(None, None, [torch.tensor([1.0, float("nan")])], [torch.tensor([1.0, 2.0])])
+    assert not _judge_case(None, None, torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")]))
+    assert not _judge_case(fails_open, None, {"rows": torch.eye(2)}, None)
+
+
+# ----------------------------------------------------------------------------- the reply channel
+def _message_problem(message):
+    from xfam_grading.channel import message_problem
+
+    class Task:
+        names, cases = ["sdpa"], [{}, {}]
+
+    return message_problem(message, 3, [Task(), Task()], {1})
+
+
+@pytest.mark.parametrize("message", [
+    {"kind": "task", "id": 0, "results": [], "violations": 5, "missing": []},         # the TypeError of old
+    {"kind": "task", "id": 1, "results": [], "violations": [], "missing": []},        # a second result for task 1
+    {"kind": "task", "id": 7, "results": [], "violations": [], "missing": []},
+    {"kind": "task", "id": True, "results": [], "violations": [], "missing": []},
+    {"kind": "task", "id": 0, "results": [{"ok": True, "value": 1}], "violations": [], "missing": []},
+    {"kind": "task", "id": 0, "results": [{"ok": True, "value": {1: 2}}] * 2, "violations": [], "missing": []},
+    {"kind": "task", "id": 0, "results": [{"ok": 1, "value": 2}] * 2, "violations": [], "missing": []},
+    {"kind": "task", "id": 0, "results": [], "violations": [], "missing": ["os"]},
+    {"kind": "task", "id": 0, "results": [], "violations": [], "missing": [], "score": 5},
+    {"kind": "cell error", "index": 9, "error": "x"},
+    {"kind": "cell", "index": "0"},
+    {"kind": "done", "total": 16},
+    {"kind": "grade"},
+    ["task"],
+])
+def test_the_judge_rejects_any_malformed_message(message):
+    assert _message_problem(message), message
+
+
+def test_the_judge_accepts_well_formed_messages():
+    ok = [{"kind": "cell", "index": 2}, {"kind": "cell error", "index": 0, "error": "raised X"}, {"kind": "tasks"},
+          {"kind": "task", "id": 0, "results": [{"ok": True, "value": {"out": torch.zeros(2)}},
+                                                {"ok": False, "error": "raised X"}], "violations": [], "missing": []},
+          {"kind": "task", "id": 0, "results": [], "violations": [], "missing": ["sdpa"]}, {"kind": "done"}]
+    assert [_message_problem(m) for m in ok] == [None] * len(ok)
+
+
 # ----------------------------------------------------------------------------- tripwires
 def test_tripwires_stop_the_student_and_let_the_library_through():
     import importlib
@@ -216,7 +335,7 @@ def test_tripwires_stop_the_student_and_let_the_library_through():
     import xfam_lib.attention as A
 
     original = A.scaled_dot_product_attention
-    guard = grading._Guard({"q1a": ["xfam_lib.attention.scaled_dot_product_attention"]}).install()
+    guard = _Guard({"q1a": ["xfam_lib.attention.scaled_dot_product_attention"]}).install()
     student = {}
     exec(compile("import xfam_lib.attention as A\ndef sdpa(q):\n    return A.scaled_dot_product_attention(q, q, q)\n"
                  "def sdpa_reloaded(q):\n    import importlib\n    m = importlib.reload(A)\n"
@@ -238,11 +357,27 @@ def test_tripwires_stop_the_student_and_let_the_library_through():
     assert A.scaled_dot_product_attention.__module__ == original.__module__ and sys.meta_path[0] is not guard.finder
 
 
+def test_a_forged_file_name_does_not_make_code_the_library():
+    """The guard knows the library's code objects by identity: code compiled under the library's file
+    name (or a function given a code object renamed so) calling an off-limits function is stopped."""
+    import xfam_lib.attention as A
+
+    guard = _Guard({"q1a": ["xfam_lib.attention.scaled_dot_product_attention"]}).install()
+    forged = str(Path(A.__file__))
+    student = {"scaled_dot_product_attention": A.scaled_dot_product_attention}
+    exec(compile("def call(q):\n    return scaled_dot_product_attention(q, q, q)\n", forged, "exec"), student)
+    try:
+        with guard.active("q1a"), pytest.raises(OffLimitsError):
+            student["call"](torch.randn(1, 3, 4))
+    finally:
+        guard.uninstall()
+
+
 def test_a_tripwire_on_a_method_stops_super():
     """KVCache.update off limits: a subclass that calls the library's update through super() is stopped."""
     import xfam_lib.attention as A
 
-    guard = grading._Guard({"q5a": ["xfam_lib.attention.KVCache.update"]}).install()
+    guard = _Guard({"q5a": ["xfam_lib.attention.KVCache.update"]}).install()
     student = {"LibraryKVCache": A.KVCache}
     exec(compile("class KVCache(LibraryKVCache):\n    def update(self, k, v, start_pos):\n"
                  "        return super().update(k, v, start_pos)\n", "<cell 5>", "exec"), student)
@@ -259,10 +394,69 @@ def test_a_tripwire_on_a_method_stops_super():
     assert "update" in vars(A.KVCache) and vars(A.KVCache)["update"].__module__ == "xfam_lib.attention"
 
 
-def test_without_a_sandbox_the_judge_must_be_told(monkeypatch):
-    from xfam_lib.grading import Judge
+ISOLATION_PROBE = """
+import glob, os
+seen = []
+for path in [REPOSITORY + "/.git/HEAD", MASTER, CLASSMATE, SUBMISSIONS]:
+    if os.path.exists(path):
+        seen.append(path)
+for path in glob.glob("/proc/[0-9]*/cmdline"):
+    if b"grade" in open(path, "rb").read() or b"pytest" in open(path, "rb").read():
+        seen.append(path)
+for path in [CLASSMATE, LIBRARY, REPOSITORY + "/pyproject.toml", "/usr/lib/os-release"]:
+    try:
+        with open(path, "a") as f:
+            f.write("# tampered")
+        seen.append("wrote " + path)
+    except OSError:
+        pass
+try:
+    __import__("".join(reversed("spoine")))                 # installed for the book's tests only
+    seen.append("imported a package outside the grading environment")
+except ImportError:
+    pass
+print("LEAKS:", seen, "uid:", os.getuid(), "processes:", len(glob.glob("/proc/[0-9]*")))
+"""
 
-    monkeypatch.setattr(grading, "isolation_available", lambda: "basic")
+
+@pytest.mark.parametrize("mode", ["root", "userns"])
+def test_the_runner_sees_only_its_allowlist(ch02, tmp_path, mode):
+    """Under each isolation mode the notebook's process finds no repository (.git, masters), no other
+    submission and no grading process, can write no file it can see, and cannot import a package
+    outside the grading environment; it runs as a uid that owns nothing."""
+    from xfam_grading import Judge
+    from xfam_grading.sandbox import isolation_available
+
+    if isolation_available() == "basic" or (mode == "root" and os.geteuid() != 0):
+        pytest.skip(f"no {mode} isolation on this machine")
+    built, _ = ch02
+    submissions = tmp_path / "submissions"
+    submissions.mkdir()
+    classmate = submissions / "classmate.ipynb"
+    classmate.write_text("{}")
+    classmate.chmod(0o666)                                  # even a file anyone may write
+    import xfam_lib
+
+    names = {"REPOSITORY": ROOT, "MASTER": _build().master_path("ch02"), "CLASSMATE": classmate,
+             "SUBMISSIONS": submissions, "LIBRARY": Path(xfam_lib.__file__)}
+    probe = ISOLATION_PROBE
+    for name, path in names.items():
+        probe = probe.replace(name, repr(str(path)))
+    judge = Judge.from_autograder(built.zip_path, isolation=mode)
+    report = judge.grade(_with_cell(_solution_notebook(ch02), probe, before="def sdpa"))
+    line = next((ln for ln in report.output_tail.splitlines() if ln.startswith("LEAKS:")), None)
+    assert line is not None, report.output_tail[-2000:]
+    assert line.startswith("LEAKS: [] uid: ") and line.endswith("processes: 1"), line
+    uid = int(line.split("uid: ")[1].split()[0])
+    assert uid != os.getuid() and not any(p.stat().st_uid == uid for p in (ROOT, classmate, Path(xfam_lib.__file__)))
+    assert classmate.read_text() == "{}"
+    assert report.total == report.possible, report.summary()      # the solution still earns everything
+
+
+def test_without_a_sandbox_the_judge_must_be_told(monkeypatch):
+    from xfam_grading import Judge
+
+    monkeypatch.setattr(judge_module, "isolation_available", lambda: "basic")
     with pytest.raises(RuntimeError, match="isolation='basic'"):
         Judge(ROOT / "exercises" / "ch02" / "student" / "tests")
 
@@ -290,6 +484,17 @@ WRONG_SDPA = ("def sdpa(q, k, v, mask=None):\n    s = q @ k.transpose(-2, -1) / 
               "    if mask is not None:\n        s = s.masked_fill(~mask, float('-inf'))\n"
               "    w = torch.nan_to_num(torch.softmax(s, -1))\n    return w @ v, w\n")
 
+WEIGHTS = """
+def _weights(scores, mask):
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    top = scores.amax(-1, keepdim=True)
+    e = torch.exp(scores - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
+    total = e.sum(-1, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+"""
+OFF_THE_ALLOWLIST = ("third_party_package", "private_helper", "same_computation_elsewhere", "time_magic_hides_the_body")
+
 ATTACKS = {
     # attack name: (cell source, how it goes in: replace sdpa's cell or a cell before it, the part it attacks)
     "reference_lookup": ("""
@@ -307,11 +512,12 @@ def sdpa(q, k, v, mask=None):
     return torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype), torch.zeros(*q.shape[:-1], k.shape[-2], dtype=q.dtype)
 """, "replace", "q1a"),
     "patch_the_grader": ("""
-import xfam_lib.grading as g
-g.output_problems = lambda *args, **kwargs: []
+import xfam_grading as g
+from xfam_grading import checks, compare, runner
+g.output_problems = compare.output_problems = lambda *args, **kwargs: []
 g.compare_outputs = lambda *args, **kwargs: None
-g._judge_case = lambda *args, **kwargs: []
-g.run_task = lambda spec, env, guard: {"id": spec["id"], "results": [{"ok": True, "value": c} for c in spec["cases"]],
+checks._judge_case = lambda *args, **kwargs: []
+runner.run_task = lambda spec, env, guard: {"id": spec["id"], "results": [{"ok": True, "value": c} for c in spec["cases"]],
                                         "violations": [], "missing": []}
 """ + WRONG_SDPA, "replace", "q1a"),
     "patch_torch": ("""
@@ -391,6 +597,81 @@ for path in targets:
     except Exception as exc:
         print("could not write", path, type(exc).__name__)
 """, "before", None),
+    # the second set: answers from elsewhere, introspection the scanner could not see, a forged reply
+    "third_party_package": ("""
+import einops
+def sdpa(q, k, v, mask=None):
+    scores = einops.einsum(q, k, "... i d, ... j d -> ... i j") / q.shape[-1] ** 0.5
+    return _weights(scores, mask) @ v, _weights(scores, mask)
+""" + WEIGHTS, "replace", "q1a"),
+    "private_helper": ("""
+from xfam_lib.attention import _masked_softmax
+def sdpa(q, k, v, mask=None):
+    w = _masked_softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, mask)
+    return w @ v, w
+""", "replace", "q1a"),
+    "same_computation_elsewhere": ("""
+from xfam_lib.sparse import dense_masked_attention
+def sdpa(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    full = torch.ones(scores.shape[-2:], dtype=torch.bool) if mask is None else mask
+    return dense_masked_attention(q, k, v, full), _weights(scores, mask)
+""" + WEIGHTS, "replace", "q1a"),
+    "time_magic_hides_the_body": ("""%%time
+from xfam_lib.attention import _masked_softmax as soft
+def sdpa(q, k, v, mask=None):
+    w = soft(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, mask)
+    return w @ v, w
+""", "replace", "q1a"),
+    "closure_of_the_tripwire": ("""
+import xfam_lib.utils as U
+def sdpa(q, k, v, mask=None):
+    load = getattr(U.seed_everything, "__glo" + "bals__")["__builtins__"]["__import__"]
+    wire = getattr(load("xfam_lib.attention", fromlist=["x"]), "scaled_dot_" + "product_attention")
+    cells = getattr(wire, "__clo" + "sure__") or ()
+    original = [c.cell_contents for c in cells if callable(c.cell_contents)
+                and getattr(c.cell_contents, "__name__", "") == wire.__name__ and c.cell_contents is not wire]
+    return (original or [wire])[0](q, k, v, mask, return_weights=True)
+""", "replace", None),                  # the tripwire still holds the original: this one is flagged, not stopped
+    "forged_code_file_name": ("""
+import os
+import xfam_lib.utils as U
+def _call(q, k, v, mask):
+    return scaled_dot_product_attention(q, k, v, mask, return_weights=True)
+_code = getattr(_call, "__co" + "de__")
+_lib = os.path.join(os.path.dirname(getattr(U, "__fi" + "le__")), "attention.py")
+setattr(_call, "__co" + "de__", _code.replace(co_filename=_lib))
+_load = getattr(U.seed_everything, "__glo" + "bals__")["__builtins__"]["__import__"]
+scaled_dot_product_attention = getattr(_load("xfam_lib.attention", fromlist=["x"]), "scaled_dot_" + "product_attention")
+def sdpa(q, k, v, mask=None):
+    return _call(q, k, v, mask)
+""", "replace", "q1a"),
+    "forged_reply": ("""
+import io, json, os, struct, sys
+buffer = io.BytesIO()
+torch.save({"kind": "task", "id": 0, "results": [], "violations": 5, "missing": []}, buffer)
+os.write(json.loads(sys.argv[1])["reply_fd"], struct.pack(">Q", len(buffer.getvalue())) + buffer.getvalue())
+""", "before", "q1a"),
+    "reads_a_classmate": (WRONG_SDPA + """
+_wrong = sdpa
+def _leaked():
+    import glob, os
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            words = open(cmdline, "rb").read().split(b"\\0")
+        except OSError:
+            continue
+        for word in words:
+            if os.path.isfile(os.path.join(word.decode(errors="replace"), "control.ipynb")):
+                return True                              # the judge's command line named the submissions folder
+    return os.path.exists(GIT)                           # or the repository, with the masters in its history
+LEAKED = _leaked()
+def sdpa(q, k, v, mask=None):                            # right only if it could read what it must not
+    if not LEAKED:
+        return _wrong(q, k, v, mask)
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    return _weights(scores, mask) @ v, _weights(scores, mask)
+""" + WEIGHTS, "replace", "q1a"),
     "network": ("""
 import socket
 try:
@@ -419,17 +700,21 @@ def attack_run(ch02, tmp_path_factory):
     nbformat.write(base, subs / "control.ipynb")
     for name, (source, how, _) in ATTACKS.items():
         source = source.replace("SENTINEL", repr(str(sentinel))).replace("AUTOGRADER", repr(str(zip_path)))
+        source = source.replace("GIT", repr(str(ROOT / ".git")))
         nb = _with_cell(base, source, replace="def sdpa") if how == "replace" else _with_cell(base, source, before="def sdpa")
         nbformat.write(nb, subs / f"{name}.ipynb")
     before = {p: p.read_bytes() for p in (zip_path, sentinel)}
     out = tmp / "grades.csv"
+    judge_tmp = tmp / "judge_tmp"                  # the runners' folders (named in their command lines) are here
+    judge_tmp.mkdir()
     proc = subprocess.run([sys.executable, str(ROOT / "exercises" / "grade.py"), "ch02", str(subs), "--out", str(out),
                            "--autograder", str(zip_path), "--jobs", "2", "--timeout", "40", "--call-timeout", "5",
                            "--feedback", str(tmp / "feedback")],
-                          capture_output=True, text=True, timeout=600, cwd=tmp)
-    # this run's runners: their command line carries the judge's config, which names this run's zip
+                          capture_output=True, text=True, timeout=600, cwd=tmp,
+                          env=dict(os.environ, TMPDIR=str(judge_tmp)))
+    # this run's runners: their command line carries the judge's config, which names their folder in judge_tmp
     runners = subprocess.run(["pgrep", "-af", "_runner_main"], capture_output=True, text=True).stdout.splitlines()
-    leftovers = [line.split()[0] for line in runners if str(zip_path.resolve()) in line]
+    leftovers = [line.split()[0] for line in runners if str(judge_tmp.resolve()) in line]
     rows = {row["file"].removesuffix(".ipynb"): row for row in csv.DictReader(out.open(encoding="utf-8"))} \
         if out.exists() else {}
     return {"proc": proc, "rows": rows, "before": before, "leftovers": leftovers, "feedback": tmp / "feedback"}
@@ -456,9 +741,11 @@ def test_an_attack_scores_nothing_on_its_part_or_is_flagged(attack, attack_run):
         assert row[part] == "0", row
     else:
         assert row["flags"], f"{attack} was not flagged: {row}"
-    if attack in ("library_sdpa", "library_sdpa_built_at_run_time"):
+    if attack == "library_sdpa":
         assert "off limits" in row["message"] and "scaled_dot_product_attention" in row["message"], row
-        assert row["q1b"] != "0", row                      # the other parts keep their points
+        assert row["q1b"] != "0", row                      # an off-limits name costs only its own part
+    if attack == "library_sdpa_built_at_run_time":         # imports xfam_lib.attention, off the allowlist
+        assert row["total"] == "0" and "off the allowlist" in row["message"], row
     if attack in ("reference_lookup", "patch_the_grader", "patch_torch", "patch_otter", "fork_bomb",
                   "writes_to_the_tests", "network", "library_sdpa_built_at_run_time"):
         assert row["flags"], f"{attack} was not flagged: {row}"
@@ -470,6 +757,12 @@ def test_an_attack_scores_nothing_on_its_part_or_is_flagged(attack, attack_run):
         assert "grading stopped after 40 s" in row["message"], row
     if attack == "network":
         assert "NETWORK REACHABLE" not in feedback
+    if attack in OFF_THE_ALLOWLIST:                        # the cell may answer any part: every part scores 0
+        assert row["total"] == "0" and "off the allowlist" in row["message"], row
+    if attack in ("closure_of_the_tripwire", "forged_code_file_name"):
+        assert "__closure__" in row["flags"] or "__code__" in row["flags"], row
+    if attack == "forged_reply":                           # contained: this submission only (the run went on)
+        assert row["total"] == "0" and "grading stopped" in row["message"] and "violations" in row["message"], row
 
 
 # ----------------------------------------------------------------------------- the autograder zip under otter run
@@ -479,7 +772,7 @@ def test_otter_run_with_the_zip_grades_through_the_judge(ch02, tmp_path):
 
     built, _ = ch02
     with zipfile.ZipFile(built.zip_path) as zf:
-        assert "xfam_lib.grading.OtterJudge" in zf.read("otter_config.json").decode()
+        assert "xfam_grading.OtterJudge" in zf.read("otter_config.json").decode()
         requirements = zf.read("requirements.txt").decode()
     assert "torch==" in requirements and "otter-grader[grading]==" in requirements and ".whl" in requirements
     wrong = _with_cell(_solution_notebook(ch02), WRONG_SDPA + "\nimport torch\ntorch.allclose = lambda *a, **k: True",

@@ -148,6 +148,13 @@ def rows_iid(m, d, seed):
     return _rows(m, d, seed, orthogonal=False)                     # plain Gaussian rows: not orthogonal
 
 
+def rows_zero_row(m, d, seed):
+    gen = torch.Generator().manual_seed(seed)                     # not orthogonal, but a zero row in every block
+    rows = torch.randn(m, d, generator=gen, dtype=torch.float64)  # makes the normalised rows NaN, and a check
+    rows[::d] = 0.0                                               # written `if error > tol` passes on NaN
+    return rows
+
+
 def rows_unit_length(m, d, seed):
     return _rows(m, d, seed, lengths="unit")
 
@@ -310,6 +317,7 @@ WRONG_ANSWERS = {
     },
     "q2b": {
         "off_by_one": ({"orthogonal_gaussian_rows": rows_iid}, "not orthogonal"),
+        "zero_row": ({"orthogonal_gaussian_rows": rows_zero_row}, "not orthogonal"),
         "unit_length": ({"orthogonal_gaussian_rows": rows_unit_length}, "same squared length"),
         "fixed_length": ({"orthogonal_gaussian_rows": rows_fixed_length}, "same squared length"),
         "repeated_block": ({"orthogonal_gaussian_rows": rows_repeated_block}, "repeats the directions"),

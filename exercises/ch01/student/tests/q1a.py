@@ -9,7 +9,7 @@ points = [0]
 def test_q1a_public(EncoderLayer):
     import torch
     from torch import nn
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         d, h, d_ff = (p['d'], p['heads'], p['d_ff'])

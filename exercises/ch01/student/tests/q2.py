@@ -9,7 +9,7 @@ points = [0]
 def test_q2_public(DecoderLayer):
     import torch
     from torch import nn
-    from xfam_lib.grading import check_cases, output_problems
+    from xfam_grading import check_cases, output_problems
 
     def make_case(p):
         d, h, d_ff, t = (p['d'], p['heads'], p['d_ff'], p['T'])
@@ -48,7 +48,7 @@ def test_q2_public(DecoderLayer):
         a, b, cut = (got.get('out'), got.get('out, later positions changed'), c['cut']) if isinstance(got, dict) else (None, None, 0)
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and (a.shape == b.shape) and (a.dim() == 3) and (cut > 0) and bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all()):
             moved = float((a[:, :cut] - b[:, :cut]).abs().max())
-            if moved > 1e-10:
+            if not moved <= 1e-10:
                 problems.append(f'not causal: changing the decoder input at positions >= {cut} moved the outputs at earlier positions by up to {moved:.3g} (expected 0)')
         problems += output_problems(got, expected)
         if problems:

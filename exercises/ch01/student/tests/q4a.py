@@ -9,7 +9,7 @@ points = [0]
 def test_q4a_public(shift_right):
     import torch
     import torch.nn.functional as F
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
     from xfam_lib.transformer import EncoderDecoder
 
     def make_case(p):

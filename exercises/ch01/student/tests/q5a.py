@@ -8,7 +8,7 @@ points = [0, 0]
 @test_case(points=None, hidden=False)
 def test_q5a_public(KVCache):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         b = p['B']
@@ -42,7 +42,7 @@ def test_q5a_public(KVCache):
 @test_case(points=None, hidden=False)
 def test_q5a_public_with_a_model(KVCache):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
     from xfam_lib.transformer import TransformerLM
 
     def make_case(p):

@@ -9,7 +9,7 @@ points = [0]
 def test_q1a_public(sdpa):
     import math
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         lq, lk, d_k, scale = (p['Lq'], p['Lk'], p['d_k'], p['score scale'])

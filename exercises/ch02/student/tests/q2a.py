@@ -9,7 +9,7 @@ points = [0]
 def test_q2a_public(equivariance_error):
     import torch
     from xfam_lib.attention import MultiHeadAttention
-    from xfam_lib.grading import check_cases, compare_outputs
+    from xfam_grading import check_cases, compare_outputs
 
     def make_case(p):
         attn = MultiHeadAttention(p['d'], p['heads']).double()
@@ -35,7 +35,7 @@ def test_q2a_public(equivariance_error):
 
     def compare(c, got, expected):
         tiny = {k: v for k, v in got.items() if isinstance(v, float) and v < 1e-10} if isinstance(got, dict) else {}
-        if isinstance(got, dict) and isinstance(got.get('attention'), float) and (got['attention'] > 1e-10):
+        if isinstance(got, dict) and isinstance(got.get('attention'), float) and (not got['attention'] <= 1e-10):
             raise AssertionError(f"attention: it is equivariant, so the error must be about 1e-16, got {got['attention']:.3g}")
         compare_outputs(dict(got, **{k: 0.0 for k in tiny}) if isinstance(got, dict) else got, {k: v if v >= 1e-10 else 0.0 for k, v in expected.items()})
     check_cases('three maps', params=[{'B': 2, 'L': 5, 'd': 8, 'heads': 2}], make_case=make_case, submission=submission, reference=reference, compare=compare)

@@ -9,7 +9,7 @@ points = [0]
 def test_q2b_public(PooledReadout):
     import torch
     from xfam_lib.attention import MultiHeadAttention
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         attn = MultiHeadAttention(p['d'], 2).double()

@@ -9,7 +9,7 @@ points = [0]
 def test_q3a_public(mha_loop):
     import torch
     from torch import nn
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         d, heads, length = (p['d'], p['heads'], p['L'])

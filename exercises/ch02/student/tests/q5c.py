@@ -7,7 +7,7 @@ points = [0]
 
 @test_case(points=None, hidden=False)
 def test_q5c_public(score_flops):
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         return {'L': p['L'], 'd': p['d'], 'd_h': p['d_h']}

@@ -8,7 +8,7 @@ points = [0]
 @test_case(points=None, hidden=False)
 def test_q2a_public(softmax_jacobian):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         y = torch.softmax(p['spread'] * torch.randn(*p['shape'], dtype=torch.float64), -1)

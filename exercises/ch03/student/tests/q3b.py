@@ -10,7 +10,7 @@ def test_q3b_public(logn_attention):
     import math
     import torch
     import torch.nn.functional as F
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         t = getattr(torch, p['dtype'])

@@ -9,7 +9,7 @@ points = [0]
 def test_q4a_public(kv_cache_bytes):
     import torch
     from xfam_lib.bench import kv_cache_bytes as kv_cache_bytes_of_the_library
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
     dtypes = {1: torch.int8, 2: torch.bfloat16, 4: torch.float32}
 
     def make_case(p):

@@ -8,7 +8,7 @@ points = [0]
 @test_case(points=None, hidden=False)
 def test_q5a_public(repeat_kv):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         return {'x': torch.randn(*p['x shape'], dtype=torch.float64), 'n_rep': p['n_rep']}

@@ -9,7 +9,7 @@ points = [0]
 def test_q5b_public(gqa_attention):
     import torch
     import torch.nn.functional as F
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         b, h, h_kv, lq, lk = (p['B'], p['heads'], p['kv heads'], p['Lq'], p['Lk'])

@@ -7,7 +7,7 @@ points = [0]
 
 @test_case(points=None, hidden=False)
 def test_q5c_public(tp_local_heads):
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         return dict(p)

@@ -8,7 +8,7 @@ points = [0]
 @test_case(points=None, hidden=False)
 def test_q1a_public(sinusoidal_pe):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def table(length, d, base):
         """The formula in float64: PE[p, 2i] = sin(p base^(-2i/d)), PE[p, 2i+1] = cos(...)."""

@@ -9,7 +9,7 @@ points = [0]
 def test_q1b_public(shift_matrix):
     import math
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def table(length, d, base):
         """The formula in float64: PE[p, 2i] = sin(p base^(-2i/d)), PE[p, 2i+1] = cos(...)."""

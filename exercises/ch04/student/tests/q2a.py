@@ -9,7 +9,7 @@ points = [0]
 def test_q2a_public(rope):
     import math
     import torch
-    from xfam_lib.grading import check_cases, output_problems
+    from xfam_grading import check_cases, output_problems
 
     def rotation(p, d, base):
         """The explicit block-diagonal rotation R_p of the interleaved layout, float64."""

@@ -9,7 +9,7 @@ points = [0]
 def test_q3b_public(alibi_bias):
     import math
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def slopes_rule(n):
         """The paper's code, re-typed: start = 2^(-2^-(log2 n - 3)), geometric; the interleaving rule otherwise."""

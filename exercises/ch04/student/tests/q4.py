@@ -9,7 +9,7 @@ points = [0]
 def test_q4_public(relative_position_bucket):
     import math
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def loop(rel, bidirectional, num_buckets, max_distance):
         """The published rule, one Python int at a time."""

@@ -9,7 +9,7 @@ points = [0]
 def test_q5a_public(da_weight):
     import math
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         return {'dist': torch.tensor(p['dist'], dtype=getattr(torch, p['dtype'])), 'alpha': p['alpha'], 'beta': p['beta']}

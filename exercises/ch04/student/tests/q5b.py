@@ -9,7 +9,7 @@ points = [0]
 def test_q5b_public(da_attention):
     import math
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         shape = p['q, k shape']

@@ -8,7 +8,7 @@ points = [0]
 @test_case(points=None, hidden=False)
 def test_q1a_public(xl_memory_update):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         b, m, length, d = (p['B'], p['m'], p['L'], p['d'])

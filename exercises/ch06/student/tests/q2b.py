@@ -8,7 +8,7 @@ points = [0]
 @test_case(points=None, hidden=False)
 def test_q2b_public(span_weights):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         return {'scores': p['score scale'] * torch.randn(p['B'], len(p['spans']), p['L'], p['L'], dtype=torch.float64), 'z': torch.tensor(p['spans'], dtype=torch.float64)[:, None, None], 'ramp': p['ramp']}

@@ -9,7 +9,7 @@ points = [0]
 def test_q2b_public(local_attention):
     import math
     import torch
-    from xfam_lib.grading import check_cases, output_problems
+    from xfam_grading import check_cases, output_problems
 
     def make_case(p):
         lead, length, d = (p['leading dims'], p['L'], p['d'])

@@ -8,7 +8,7 @@ points = [0]
 @test_case(points=None, hidden=False)
 def test_q4b_public(rev_inverse):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         d, hidden, lead = (p['d'], p['hidden'], p['leading dims'])

@@ -8,7 +8,7 @@ points = [0]
 @test_case(points=None, hidden=False)
 def test_q2a_public(positive_features):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         x = p['x scale'] * torch.randn(*p['leading dims'], p['d'], dtype=torch.float64)

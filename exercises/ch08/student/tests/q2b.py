@@ -8,7 +8,7 @@ points = [0]
 @test_case(points=None, hidden=False)
 def test_q2b_public(orthogonal_gaussian_rows):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         return {'m': p['m'], 'd': p['d'], 'seed': p['seed']}
@@ -34,19 +34,19 @@ def test_q2b_public(orthogonal_gaussian_rows):
         for start in range(0, m, d):
             block = unit[start:start + d]
             off = (block @ block.T - torch.eye(block.shape[0], dtype=torch.float64)).abs().max().item()
-            if off > 1e-08:
+            if not off <= 1e-08:
                 problems.append(f'rows {start}..{start + block.shape[0] - 1} (one block) are not orthogonal: largest |cos| between two of them is {off:.3g}')
                 break
         if d >= 3 and m >= 2 * d:
             same = (unit[:d] * unit[d:2 * d]).sum(-1).abs().max().item()
-            if same > 1 - 1e-06:
+            if not same <= 1 - 1e-06:
                 problems.append(f'block 1 repeats the directions of block 0 (|cos| = {same:.8f})')
         squared = (W ** 2).sum(-1)
-        if m >= 2 and squared.std().item() < 0.001 * squared.mean().item():
+        if m >= 2 and (not squared.std().item() >= 0.001 * squared.mean().item()):
             problems.append(f'every row has the same squared length {squared.mean().item():.4g}: lengths must be drawn at random (chi-square with d degrees of freedom)')
         if m >= 1000:
             mean, var = (squared.mean().item(), squared.var().item())
-            if abs(mean - d) > 6 * math.sqrt(2 * d / m):
+            if not abs(mean - d) <= 6 * math.sqrt(2 * d / m):
                 problems.append(f'squared lengths have mean {mean:.4g}, expected d = {d} (within {6 * math.sqrt(2 * d / m):.3g})')
             if not 0.5 * 2 * d <= var <= 1.5 * 2 * d:
                 problems.append(f'squared lengths have variance {var:.4g}, expected 2d = {2 * d} (within 50%)')

@@ -8,7 +8,7 @@ points = [0]
 @test_case(points=None, hidden=False)
 def test_q3a_public(crosstalk_recall_error):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         lead, n, d_k = (tuple(p['leading dims']), p['n'], p['d_k'])

@@ -9,7 +9,7 @@ points = [0]
 def test_q1a_public(zoh):
     import math
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         n = p['N']

@@ -9,7 +9,7 @@ points = [0]
 def test_q2b_public(causal_conv_fft):
     import math
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         n, length = (p['N'], p['L'])

@@ -9,7 +9,7 @@ points = [0]
 def test_q3a_public(selective_scan_loop):
     import torch
     import torch.nn.functional as F
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         b, d, n, length = (p['batch'], p['d'], p['N'], p['L'])

@@ -9,7 +9,7 @@ points = [0]
 def test_q5a_public(ssd_attention):
     import torch
     import torch.nn.functional as F
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         b, length, h, n, d = (p['batch'], p['L'], p['H'], p['N'], p['P'])

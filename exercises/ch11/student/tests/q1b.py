@@ -8,7 +8,7 @@ points = [0]
 @test_case(points=None, hidden=False)
 def test_q1b_public(recall_accuracy):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         b, length, vocab, n_answers = (p['B'], p['L'], p['vocab'], p['answers per row'])

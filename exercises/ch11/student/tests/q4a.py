@@ -9,7 +9,7 @@ points = [0]
 def test_q4a_public(scaling_exponent):
     import math
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         lengths = torch.tensor(p['lengths'], dtype=torch.float64)

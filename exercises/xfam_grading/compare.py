@@ -1,0 +1,172 @@
+"""Comparing a submission's outputs with the expected ones: every difference, with its place."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from xfam_lib.testing import assert_close
+
+_MAX_PROBLEMS = 12           # problems listed per case before "... and N more"
+
+
+# ============================================================================= comparisons
+def _index(flat_index: int, shape: torch.Size) -> tuple[int, ...]:
+    out = []
+    for size in reversed(shape):
+        out.append(flat_index % size)
+        flat_index //= size
+    return tuple(reversed(out))
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def _child(path: str, key: Any) -> str:
+    if not path:
+        return str(key) if isinstance(key, str) else f"item {key}"
+    return f"{path}[{key!r}]"
+
+
+def _collect(got: Any, expected: Any, path: str, out: list[str]) -> None:
+    where = path or "the result"
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            out.append(f"{where}: expected a tensor of shape {tuple(expected.shape)} and dtype {expected.dtype}, "
+                       f"got {_describe(got)}")
+        elif got.layout != torch.strided:
+            out.append(f"{where}: expected a dense tensor, got layout {got.layout}")
+        elif got.shape != expected.shape:
+            out.append(f"{where}: expected shape {tuple(expected.shape)}, got shape {tuple(got.shape)}")
+        elif got.dtype != expected.dtype:
+            out.append(f"{where}: expected dtype {expected.dtype}, got dtype {got.dtype} (shape {tuple(got.shape)})")
+        elif expected.is_floating_point() or expected.is_complex():
+            try:
+                assert_close(got, expected, name=where)
+            except AssertionError as exc:
+                out.append(str(exc))
+        else:
+            differ = got != expected
+            if bool(differ.any()):
+                first = _index(int(differ.flatten().nonzero()[0]), got.shape)
+                out.append(f"{where}: {int(differ.sum())} of {got.numel()} entries differ; first at index {first}: "
+                           f"got {got[first].item()}, expected {expected[first].item()} "
+                           f"(shape {tuple(got.shape)}, dtype {got.dtype})")
+        return
+    if (isinstance(expected, (bool, int, float)) and isinstance(got, torch.Tensor) and got.dim() == 0
+            and not got.is_complex()):
+        got = got.item()                      # a 0-dim tensor where a Python number was asked for
+    if isinstance(expected, bool):
+        if not isinstance(got, bool) or got != expected:
+            out.append(f"{where}: expected {expected}, got {got!r}")
+    elif isinstance(expected, int):
+        if isinstance(got, bool) or not isinstance(got, int):
+            out.append(f"{where}: expected the integer {expected}, got {_describe(got)}")
+        elif got != expected:
+            out.append(f"{where}: expected {expected}, got {got} (off by {got - expected})")
+    elif isinstance(expected, float):
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            out.append(f"{where}: expected a number close to {expected!r}, got {_describe(got)}")
+        elif math.isnan(expected):
+            if not (isinstance(got, float) and math.isnan(got)):
+                out.append(f"{where}: expected NaN, got {got!r}")
+        elif not math.isfinite(got) or abs(got - expected) > 1e-10 + 1e-8 * abs(expected):
+            out.append(f"{where}: expected {expected!r}, got {got!r}")
+    elif isinstance(expected, dict):
+        if not isinstance(got, dict):
+            out.append(f"{where}: expected a dict with keys {sorted(map(str, expected))}, got {_describe(got)}")
+            return
+        for key in expected:
+            if key not in got:
+                out.append(f"{_child(path, key) if path else key}: missing from the result")
+            else:
+                _collect(got[key], expected[key], _child(path, key), out)
+    elif isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)):
+            out.append(f"{where}: expected a {type(expected).__name__} of length {len(expected)}, got {_describe(got)}")
+        elif len(got) != len(expected):
+            out.append(f"{where}: expected {len(expected)} items, got {len(got)}")
+        else:
+            for i, (g, e) in enumerate(zip(got, expected)):
+                _collect(g, e, f"{path}[{i}]" if path else f"item {i}", out)
+    elif expected is None or isinstance(expected, str):
+        if got != expected:
+            out.append(f"{where}: expected {expected!r}, got {got!r}")
+    else:
+        raise TypeError(f"output_problems: unsupported expected type {type(expected).__name__}")
+
+
+def output_problems(got: Any, expected: Any, where: str = "") -> list[str]:
+    """Every way ``got`` differs from ``expected``; empty when they match.
+
+    Tensors must have the expected shape and dtype; integer and boolean tensors must be equal;
+    floating tensors pass `xfam_lib.testing.assert_close` (element-wise, dtype-aware tolerances,
+    NaN and inf where expected only). Python floats use the fp64 tolerance, ints and bools must
+    be equal. Dicts, lists and tuples are compared item by item, and every item that differs is
+    listed (the first twelve, then a count). Messages start with the name of the item.
+    """
+    problems: list[str] = []
+    _collect(got, expected, where, problems)
+    if len(problems) > _MAX_PROBLEMS:
+        problems = problems[:_MAX_PROBLEMS] + [f"... and {len(problems) - _MAX_PROBLEMS} more"]
+    return problems
+
+
+def compare_outputs(got: Any, expected: Any, *, where: str = "") -> None:
+    """Raise ``AssertionError`` listing every problem `output_problems` finds (for ``compare=`` functions)."""
+    problems = output_problems(got, expected, where)
+    if problems:
+        raise AssertionError("; ".join(problems))
+
+
+
+def _all_finite(value: Any) -> bool:
+    """True when no tensor or number inside ``value`` is NaN or infinite."""
+    if isinstance(value, torch.Tensor):
+        return not (value.is_floating_point() or value.is_complex()) or bool(torch.isfinite(value).all())
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_all_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_all_finite(v) for v in value)
+    return True
+
+
+def nonfinite_problems(got: Any, expected: Any, where: str = "") -> list[str]:
+    """Non-finite values in ``got`` where ``expected`` has finite ones.
+
+    Item by item where the structures match (a tensor of the expected shape: element by element);
+    elsewhere (a property check returns more than the reference) any NaN or infinity in ``got``
+    is a problem when ``expected`` holds none. A check that reads ``if error > tol: fail`` passes
+    on NaN; the judge runs this before every comparison, so such a check cannot be passed with NaN.
+    """
+    name = where or "the result"
+    if isinstance(got, torch.Tensor) and (got.is_floating_point() or got.is_complex()):
+        bad = ~torch.isfinite(got)
+        if isinstance(expected, torch.Tensor) and expected.shape == got.shape and (
+                expected.is_floating_point() or expected.is_complex()):
+            bad &= torch.isfinite(expected)
+        elif not _all_finite(expected):
+            return []
+        if bool(bad.any()):
+            return [f"{name}: {int(bad.sum())} of {got.numel()} entries are NaN or infinite; expected finite "
+                    f"values there, as in the reference"]
+        return []
+    if isinstance(got, float):
+        finite = math.isfinite(got) or not _all_finite(expected)
+        return [] if finite else [f"{name}: got {got!r}, expected a finite value (the reference is finite)"]
+    if isinstance(got, dict):
+        same = isinstance(expected, dict)
+        return [p for k, v in got.items() for p in nonfinite_problems(
+            v, expected[k] if same and k in expected else expected, f"{where}[{k!r}]" if where else str(k))]
+    if isinstance(got, (list, tuple)):
+        same = isinstance(expected, (list, tuple)) and len(expected) == len(got)
+        return [p for i, v in enumerate(got) for p in nonfinite_problems(
+            v, expected[i] if same else expected, f"{where}[{i}]" if where else f"item {i}")]
+    return []

@@ -1,0 +1,337 @@
+"""The judge: collects every check of an autograder, runs a submission in a runner, scores it."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+import textwrap
+import threading
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from .channel import message_problem
+from .checks import (Task, TestSpec, _Collector, _collecting, _format_failures, _judge_case, _natural, _one_thread,
+                     _Placeholder, load_test_file, missing_name_message)
+from .guard import _Guard, expand_off_limits, off_limits_resolver
+from .runner import _reset_torch_state, run_tasks
+from .sandbox import Limits, _Runner, isolation_available
+from .scanner import NOT_ALLOWED, _cell_title, _to_python, allowlist, notebook_code_cells, scan_code
+
+PLUGIN_NAME = "xfam_grading.OtterJudge"
+
+# ============================================================================= the judge
+@dataclass
+class TestResult:
+    name: str
+    hidden: bool
+    points: float
+    passed: bool
+    message: str = ""
+
+
+@dataclass
+class QuestionResult:
+    name: str
+    tests: list[TestResult]
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def possible(self) -> float:
+        return sum(t.points for t in self.tests)
+
+    @property
+    def score(self) -> float:
+        return 0.0 if self.violations else sum(t.points for t in self.tests if t.passed)
+
+    def message(self) -> str:
+        """Why points were lost: the off-limits names used, or each failing hidden test."""
+        if self.violations:
+            return "off limits, scored 0: " + "; ".join(self.violations)
+        return " | ".join(t.message for t in self.tests if t.hidden and not t.passed)
+
+
+@dataclass
+class Report:
+    """The judge's verdict on one submission."""
+
+    questions: dict[str, QuestionResult]
+    flags: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    isolation: str = ""
+    seconds: float = 0.0
+    output_tail: str = ""
+
+    @property
+    def total(self) -> float:
+        return sum(q.score for q in self.questions.values())
+
+    @property
+    def possible(self) -> float:
+        return sum(q.possible for q in self.questions.values())
+
+    def summary(self) -> str:
+        lines = [f"Score {self.total:g} / {self.possible:g}"]
+        for q in self.questions.values():
+            lines.append(f"{q.name}: {q.score:g} / {q.possible:g}")
+            if q.violations:
+                lines.append("  off limits: " + "; ".join(q.violations))
+            for t in q.tests:
+                if not t.passed:
+                    lines.append(textwrap.indent(f"{'hidden' if t.hidden else 'public'} {t.name}: {t.message}", "  "))
+        lines += [f"error: {e}" for e in self.errors]
+        lines += [f"review: the code {f}" for f in self.flags]
+        return "\n".join(lines)
+
+
+def _plugin_config(otter_config: dict) -> dict:
+    for entry in otter_config.get("plugins", []):
+        if isinstance(entry, dict) and PLUGIN_NAME in entry:
+            return entry[PLUGIN_NAME] or {}
+    return {}
+
+
+class Judge:
+    """Grades notebooks against the tests of an autograder (a folder of otter test files plus a config).
+
+    On construction it runs every test function in collect mode: it builds every case and computes
+    every expected value once, here. `grade` then runs one notebook in a sandboxed runner and
+    compares its outputs; `grade_namespace` runs the same checks on names given directly (tests).
+    ``config`` keys (all optional): ``off_limits`` (question -> dotted library names),
+    ``setup_cell`` (the canonical first cell, not scanned for flags), ``chapter``, ``release``.
+    """
+
+    def __init__(self, tests_dir: Path | str, config: dict | None = None, *, limits: Limits | None = None,
+                 isolation: str = "auto", hide: Iterable[str] = (), allow_basic: bool = False):
+        self.config = dict(config or {})
+        self.limits = limits or Limits(**self.config.get("limits", {}))
+        self.isolation = isolation_available() if isolation == "auto" else isolation
+        if self.isolation not in ("root", "userns", "basic"):
+            raise ValueError(f"isolation must be auto, root, userns or basic, got {isolation!r}")
+        if isolation == "auto" and self.isolation == "basic" and not allow_basic:
+            raise RuntimeError("no sandbox here (Linux namespaces need root or unprivileged user namespaces): the "
+                               "submissions would run as you, with your files and network. Grade in a container, "
+                               "or pass isolation='basic' (grade.py --isolation basic) to accept that.")
+        self.hide = [str(Path(p).resolve()) for p in hide] + [str(Path(tests_dir).resolve())]
+        self.off_limits: dict[str, list[str]] = {q: list(v) for q, v in self.config.get("off_limits", {}).items()}
+        self.entries = expand_off_limits(self.off_limits)
+        self.questions: dict[str, list[TestSpec]] = {}
+        sources: dict[str, str] = {}
+        for path in sorted(Path(tests_dir).glob("*.py"), key=lambda p: _natural(p.stem)):
+            name, tests, filename = load_test_file(path)
+            self.questions[name] = tests
+            sources[filename] = path.read_text(encoding="utf-8")
+        unknown = sorted(set(self.off_limits) - set(self.questions))
+        if unknown:
+            raise ValueError(f"off_limits names questions that have no tests: {unknown}")
+        collector = _Collector(sources)
+        with _collecting(collector):
+            for tests in self.questions.values():
+                for test in tests:
+                    collector.current = (test.question, test.name, test.names)
+                    test.func(**{n: _Placeholder(n) for n in test.names})
+        self.tasks = collector.tasks
+        for tests in self.questions.values():
+            for test in tests:
+                if not any(t.test == test.name for t in self.tasks):
+                    raise RuntimeError(f"test bug: {test.name} calls no check_cases")
+        self._lock = threading.Lock()
+        self._slots: set[int] = set()
+
+    @classmethod
+    def from_autograder(cls, path: Path | str, **kwargs) -> "Judge":
+        """A judge for an autograder zip (or its unpacked folder): ``tests/*.py`` and ``otter_config.json``."""
+        path = Path(path)
+        keep = None
+        if path.is_file():
+            keep = tempfile.TemporaryDirectory(prefix="xfam_autograder_")
+            with zipfile.ZipFile(path) as zf:
+                zf.extractall(keep.name)
+            folder = Path(keep.name)
+        else:
+            folder = path
+        otter_config = json.loads((folder / "otter_config.json").read_text(encoding="utf-8"))
+        judge = cls(folder / "tests", _plugin_config(otter_config), hide=[str(path), str(folder), *kwargs.pop("hide", ())],
+                    **kwargs)
+        judge._keep = keep
+        return judge
+
+    # ---- names the student's code reaches
+    def scan(self, cells: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+        """Off-limits uses per question, and review flags, from the code alone.
+
+        A name off the allowlist (`allowlist`: the standard library, the grading environment's
+        packages, the library names the notebook was given) costs every question: the cell that
+        uses it may answer any of them.
+        """
+        setup = self.config.get("setup_cell")
+        reached, flags = scan_code(cells, off_limits_resolver(self.entries), skip=[_to_python(setup)] if setup else [],
+                                   allowed=allowlist(self.config.get("library", ())))
+        violations: dict[str, list[str]] = {}
+        for entry, where in reached:
+            if entry == NOT_ALLOWED:
+                questions, text = list(self.questions), f"uses a name off the allowlist: {where}"
+            else:
+                questions, text = self.entries[entry][1], f"uses {entry} {where}"
+            for question in questions:
+                violations.setdefault(question, [])
+                if text not in violations[question]:
+                    violations[question].append(text)
+        return violations, flags
+
+    # ---- grading
+    def grade(self, notebook: Path | str | dict) -> Report:
+        """Run one submitted notebook in a sandboxed runner and score it; never raises.
+
+        Whatever goes wrong while grading one submission (a forged message, a comparison that
+        breaks) costs only that submission, with the error in its report.
+        """
+        start = time.perf_counter()
+        try:
+            report = self._grade(notebook)
+        except Exception as exc:               # contained: the other submissions keep their grades
+            report = self._score({}, {}, [f"grading failed: {type(exc).__name__}: {str(exc)[:200]}"])
+            report.isolation = self.isolation
+        report.seconds = time.perf_counter() - start
+        return report
+
+    def _grade(self, notebook: Path | str | dict) -> Report:
+        import nbformat
+
+        try:
+            nb = notebook if isinstance(notebook, dict) else nbformat.read(str(notebook), as_version=4)
+            nbformat.validate(nb)
+        except Exception as exc:
+            return self._score({}, {}, [f"not a valid notebook: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"])
+        cells = [_to_python(c) for c in notebook_code_cells(nb)]
+        static, flags = self.scan(cells)
+        request = {"cells": cells, "tasks": [t.spec(self.limits.call_seconds) for t in self.tasks],
+                   "off_limits": self.off_limits, "cell_seconds": self.limits.cell_seconds}
+        slot = self._take_slot()
+        results, errors, cell_errors, tail = {}, [], {}, ""
+        try:
+            uid = 2_000_000 + (os.getpid() % 100_000) * 64 + slot
+            runner = _Runner(request, self.limits, self.isolation, uid, self.hide)
+            current, stage = None, "starting"
+            try:
+                for message in runner.messages():
+                    problem = message_problem(message, len(cells), self.tasks, set(results))
+                    if problem:
+                        raise ValueError(f"the notebook's process sent {problem}; its other messages were ignored")
+                    kind = message["kind"]
+                    if kind == "cell":
+                        current, stage = message["index"], "cell"
+                    elif kind == "cell error":
+                        cell_errors[message["index"]] = message["error"][:300]
+                    elif kind == "tasks":
+                        stage = "checks"
+                    elif kind == "task":
+                        results[message["id"]] = message
+                        current = message["id"] + 1
+                    elif kind == "done":
+                        stage = "done"
+            except TimeoutError:
+                errors.append(f"grading stopped after {self.limits.wall_seconds:g} s "
+                              f"({self._where(stage, current, cells)}); everything it started was killed")
+            except Exception as exc:
+                errors.append(f"grading stopped: {type(exc).__name__}: {str(exc)[:300]}")
+            finally:
+                runner.close()
+                tail = runner.tail.decode("utf-8", "replace")
+            if stage != "done" and not errors:
+                last = tail.strip().splitlines()[-1][:200] if stage == "starting" and tail.strip() else ""
+                errors.append(f"the notebook's process ended early ({self._where(stage, current, cells)}): "
+                              "os._exit, a crash, or a resource limit" + (f" [{last}]" if last else ""))
+        finally:
+            self._free_slot(slot)
+        report = self._score(results, static, errors, cell_errors, cells)
+        report.flags, report.isolation, report.output_tail = flags, self.isolation, tail
+        return report
+
+    def grade_namespace(self, env: dict, questions: Iterable[str] | None = None) -> Report:
+        """Run the checks (of ``questions``, default all) on the names in ``env`` in this process.
+
+        The tripwires are armed while they run; there is no sandbox and no static scan. The tests
+        of the exercises use it to check every part against its solution and its wrong answers.
+        """
+        wanted = set(self.questions if questions is None else questions)
+        guard = _Guard(self.off_limits).install()
+        try:
+            results = {}
+            specs = [dict(t.spec(self.limits.call_seconds), cases=copy.deepcopy(t.cases))
+                     for t in self.tasks if t.question in wanted]
+            with _one_thread():
+                run_tasks(specs, env, guard, lambda result: results.__setitem__(result["id"], result))
+        finally:
+            guard.uninstall()
+            _reset_torch_state()
+        return self._score(results, {}, [])
+
+    def _where(self, stage: str, current, cells: list[str]) -> str:
+        if stage == "cell" and isinstance(current, int) and 0 <= current < len(cells):
+            return f"while running {_cell_title(cells[current])}"
+        if stage == "checks" and isinstance(current, int) and 0 <= current < len(self.tasks):
+            task = self.tasks[current]
+            return f"while checking {task.question} [{task.label}]"
+        return "before the notebook ran" if stage == "starting" else "after the checks"
+
+    def _take_slot(self) -> int:
+        with self._lock:
+            slot = next(i for i in range(64) if i not in self._slots)
+            self._slots.add(slot)
+            return slot
+
+    def _free_slot(self, slot: int) -> None:
+        with self._lock:
+            self._slots.discard(slot)
+
+    def _score(self, results: dict, static: dict[str, list[str]], errors: list[str],
+               cell_errors: dict[int, str] | None = None, cells: list[str] | None = None) -> Report:
+        cell_errors, cells = cell_errors or {}, cells or []
+        why = "; ".join(f"{_cell_title(cells[i])} {e}" for i, e in sorted(cell_errors.items()) if i < len(cells))
+        questions = {}
+        for name, tests in self.questions.items():
+            violations = list(static.get(name, []))
+            outcomes = []
+            for test in tests:
+                messages = []
+                for task in (t for t in self.tasks if t.test == test.name):
+                    result = results.get(task.id)
+                    if result is None:
+                        messages.append(f"[{task.label}] not run: " + (errors[0][:200] if errors else "no result"))
+                        continue
+                    violations += [v for v in result.get("violations", []) if v not in violations]
+                    messages += self._judge_task(task, result, why)
+                outcomes.append(TestResult(test.name, test.hidden, test.points, not messages, "\n".join(messages)))
+            questions[name] = QuestionResult(name, outcomes, violations)
+        return Report(questions, errors=list(errors))
+
+    @staticmethod
+    def _judge_task(task: Task, result: dict, why: str) -> list[str]:
+        if result.get("missing"):
+            note = f"Your notebook's cells reported: {why}." if why else ""
+            return [f"[{task.label}] " + missing_name_message([str(n) for n in result["missing"]], note)]
+        if result.get("error"):
+            return [f"[{task.label}] {result['error']}"]
+        outcomes = result.get("results")
+        if not isinstance(outcomes, list) or len(outcomes) != len(task.cases):
+            return [f"[{task.label}] the check returned {len(outcomes) if isinstance(outcomes, list) else 'no'} "
+                    f"results for {len(task.cases)} cases"]
+        failures = []
+        for param, case, expected, outcome in zip(task.params, task.cases, task.expected, outcomes):
+            if not isinstance(outcome, dict) or not outcome.get("ok"):
+                error = outcome.get("error") if isinstance(outcome, dict) else None
+                failures.append((param, [str(error or "no output")[:400]]))
+                continue
+            try:
+                problems = _judge_case(task.compare, case, outcome.get("value"), expected)
+            except Exception as exc:           # the student's output broke the comparison
+                problems = [f"the output could not be compared: {type(exc).__name__}: {str(exc)[:200]}"]
+            if problems:
+                failures.append((param, problems))
+        return [_format_failures(task.label, len(task.cases), failures)] if failures else []
+
+

@@ -1,0 +1,143 @@
+"""The runner process (the untrusted side): runs the notebook's cells, then each check's adapter."""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import math
+import os
+import struct
+import sys
+from typing import Any, Callable
+
+import torch
+
+from .channel import _Replies, _read_exactly, _unpack
+from .checks import _TIMEOUT, SubmissionTimeout, _call_student, _plain, time_limit
+from .guard import _Guard
+from .sandbox import _sandbox
+
+# ============================================================================= running checks on the student's code
+class _NoShell:
+    """``get_ipython()`` in the runner: magics and shell commands do nothing.
+
+    The bodies of ``%%time``, ``%%timeit`` and ``%%capture`` cells were made plain Python before
+    the scan (`xfam_grading.scanner._to_python`), so no text is ever run here unscanned.
+    """
+
+    def run_line_magic(self, *args, **kwargs):
+        return None
+
+    run_cell_magic = system = getoutput = run_line_magic
+
+
+def _reset_torch_state() -> None:
+    torch.set_default_dtype(torch.float32)
+    torch.set_grad_enabled(True)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+
+def run_task(spec: dict, env: dict, guard: _Guard | None) -> dict:
+    """Run one collected check's adapter on each of its cases, with the student's names from ``env``.
+
+    Returns ``{"id", "results": [{"ok", "value" | "error"}], "violations", "missing"}``. Used by the
+    runner process and, in one process, by the tests of the exercises.
+    """
+    missing = [n for n in spec["names"] if env.get(n) is None]
+    if missing:
+        return {"id": spec["id"], "results": [], "violations": [], "missing": missing}
+    namespace = {n: env[n] for n in spec["names"]}
+    namespace.update(torch=torch, math=math, __builtins__=builtins)
+    exec(compile(spec["adapter"], f"<check {spec['label']}>", "exec"), namespace)
+    adapter = namespace[spec["adapter_name"]]
+    results, stuck = [], None
+    context = guard.active(spec["question"]) if guard else contextlib.nullcontext()
+    with context:
+        for case in spec["cases"]:
+            if stuck:                      # an endless loop would only time out again: skip the rest
+                results.append({"ok": False, "error": stuck})
+                continue
+            _reset_torch_state()
+            ok, value = _call_student(adapter, case, spec["limit"])
+            if not ok and value.startswith(_TIMEOUT):
+                stuck = value
+            if ok:
+                try:
+                    value = _plain(value, "output")
+                except ValueError as exc:
+                    ok, value = False, str(exc)
+            results.append({"ok": True, "value": value} if ok else {"ok": False, "error": str(value)})
+    violations = list(guard.violations.get(spec["question"], [])) if guard else []
+    return {"id": spec["id"], "results": results, "violations": violations, "missing": []}
+
+
+def run_tasks(specs: list[dict], env: dict, guard: _Guard | None, report: Callable[[dict], None]) -> None:
+    """`run_task` for every check, in order; after a time-out, the part's remaining checks are not run.
+
+    An endless loop would cost the time limit again in every later check of its part, and could
+    use up the submission's whole time. ``report`` receives each result as soon as it is ready.
+    """
+    stuck: dict[str, str] = {}
+    for spec in specs:
+        if spec["question"] in stuck:
+            report({"id": spec["id"], "results": [{"ok": False, "error": stuck[spec["question"]]}] * len(spec["cases"]),
+                    "violations": [], "missing": []})
+            continue
+        try:
+            result = run_task(spec, env, guard)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:       # the adapter itself failed, e.g. the student broke torch
+            result = {"id": spec["id"], "results": [], "violations": [], "missing": [],
+                      "error": f"the check could not run: {type(exc).__name__}: {str(exc)[:200]}"}
+        timeouts = [r["error"] for r in result.get("results", []) if not r["ok"] and r["error"].startswith(_TIMEOUT)]
+        if timeouts:
+            stuck[spec["question"]] = timeouts[0].split(" (")[0] + " in an earlier check of this part; not run again"
+        report(result)
+
+
+def _run_cells(cells: list[str], namespace: dict, replies: _Replies, limit: float) -> None:
+    for index, source in enumerate(cells):
+        replies.send({"kind": "cell", "index": index})
+        try:
+            code = compile(source, f"<cell {index + 1}>", "exec")
+            with time_limit(limit):
+                exec(code, namespace)
+        except SubmissionTimeout:
+            replies.send({"kind": "cell error", "index": index,
+                          "error": f"did not finish within {limit:g} s and was stopped"})
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:       # SystemExit too: the notebook goes on, as in a kernel
+            text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            replies.send({"kind": "cell error", "index": index,
+                          "error": f"raised {type(exc).__name__}{': ' + text if text else ''}"})
+
+
+def _runner_work(request: dict, replies: _Replies) -> None:
+    """Execute the notebook's cells, then every check's adapter, reporting as it goes (the untrusted part)."""
+    torch.set_num_threads(1)
+    guard = _Guard(request["off_limits"]).install()
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    namespace["get_ipython"] = lambda shell=_NoShell(): shell
+    namespace["display"] = lambda *args, **kwargs: None
+    _run_cells(request["cells"], namespace, replies, request["cell_seconds"])
+    replies.send({"kind": "tasks"})
+    run_tasks(request["tasks"], namespace, guard, lambda result: replies.send(dict(result, kind="task")))
+    replies.send({"kind": "done"})
+
+
+def _runner_main() -> None:
+    """Entry point of the runner process: sandbox itself, read the request, run the student's code."""
+    config = json.loads(sys.argv[1])
+    _sandbox(config)
+    stdin = sys.stdin.buffer
+    (size,) = struct.unpack(">Q", _read_exactly(stdin, 8))
+    request = _unpack(_read_exactly(stdin, size))
+    os.close(0)
+    _runner_work(request, _Replies(config["reply_fd"]))
+    sys.stdout.flush()
+    os._exit(0)
+
+
