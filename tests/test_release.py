@@ -29,6 +29,10 @@ def git(*args: str) -> subprocess.CompletedProcess:
 def test_release_is_a_tag_of_this_repository_with_that_version():
     release = setup_cell.release()
     assert re.fullmatch(r"v\d+\.\d+\.\d+", release), f"_config.yml release {release!r} is not vX.Y.Z"
+    if not git("tag").stdout.split():
+        # a clone made without tags (e.g. a CI fetch of one branch) cannot show the release; the
+        # check runs wherever tags are present, as in every ordinary clone
+        pytest.skip("this clone has no tags at all: `git fetch --tags` to check the release")
     found = git("rev-parse", "--verify", "--quiet", f"refs/tags/{release}^{{commit}}")
     assert found.returncode == 0, (f"_config.yml names release {release}, but this repository has no tag "
                                    f"{release} (tags: {git('tag').stdout.split()}); see the README's "

@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
 parts=${*:-tests notebooks}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
   >/dev/null 2>&1 || { echo "wheel install failed"; exit 1; }
-export PYTHONPATH=/tmp/site:$root
+export PYTHONPATH=/tmp/site:$root:$root/exercises
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c 'import torch, sys; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())'; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
