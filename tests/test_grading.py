@@ -405,7 +405,8 @@ for path in glob.glob("/proc/[0-9]*/cmdline"):
         seen.append(path)
 for path in [CLASSMATE, LIBRARY, REPOSITORY + "/pyproject.toml", "/usr/lib/os-release"]:
     try:
-        with open(path, "a") as f:
+        with open(path, "r+") as f:                     # only a file that is there: no new file
+            f.seek(0, 2)
             f.write("# tampered")
         seen.append("wrote " + path)
     except OSError:

@@ -98,6 +98,12 @@ def _build_root(libc, root: str, config: dict) -> None:
     """
     limits = config["limits"]
     _mount(libc, "tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+    # the private /tmp and /dev/shm first: a checkout or a virtual environment that lives under /tmp
+    # is then bound on top of the private /tmp, not hidden below it
+    size = f"size={limits['file_bytes'] * 4},mode=1777"
+    for tmp in ("/tmp", "/dev/shm"):
+        os.makedirs(root + tmp, mode=0o755, exist_ok=True)
+        _mount(libc, "tmpfs", root + tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, size)
     plan = config["binds"]
     for path in plan["system"] + plan["python"]:
         _bind(libc, path, root)
@@ -113,10 +119,6 @@ def _build_root(libc, root: str, config: dict) -> None:
             _mount(libc, "tmpfs", root + path, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=4k,mode=0755")
     for device in _DEVICES:
         _bind(libc, f"/dev/{device}", root, writable=True)
-    size = f"size={limits['file_bytes'] * 4},mode=1777"
-    for tmp in ("/tmp", "/dev/shm"):
-        os.makedirs(root + tmp, mode=0o755, exist_ok=True)
-        _mount(libc, "tmpfs", root + tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, size)
     os.makedirs(root + "/proc", mode=0o555, exist_ok=True)
     for path in [root, *(root + folder for folder in plan["site"]), *(root + p for p in plan["covered"])]:
         if os.path.ismount(path):                      # the folders made here are read-only too
