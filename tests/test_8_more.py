@@ -439,6 +439,16 @@ def test_every_table_gate_runs_chunked_M8_14(kind, gen):
         assert (approx - want).abs().max() > 1e-3
 
 
+def test_gate_admits_chunking_by_structure_M8_14():
+    """The table's models and the elementwise structures reduce to the GLA chunk form (each model's route is
+    checked against its loop above); a dense transition S_t = A_t S_{t-1} + k_t v_t^T (the delta rule's
+    I - beta k k^T) mixes the rows of S and does not."""
+    assert all(gate_admits_chunking(k) for k in GATE_KINDS)
+    assert [gate_admits_chunking(s) for s in ("scalar", "diagonal", "outer", "entry", "dense")] == [True] * 4 + [False]
+    with pytest.raises(ValueError, match="kind must be one of"):
+        gate_admits_chunking("matrix")
+
+
 def test_per_entry_gate_bad_shape(gen):
     q = torch.randn(1, 5, 4, generator=gen)
     with pytest.raises(ValueError, match=r"log_g must have shape \(\.\.\., L, d_k, d_v\) = \(1, 5, 4, 3\)"):

@@ -703,23 +703,28 @@ GATE_KINDS: dict[str, str] = {
     "gla": "diagonal", "hgrn2": "diagonal", "rwkv6": "diagonal", "gateloop": "diagonal",
     "dfw": "outer", "mamba": "entry",
 }
+_GATE_STRUCTURES = ("scalar", "diagonal", "outer", "entry", "dense")
 
 
 def gate_admits_chunking(kind: str) -> bool:
-    """True if the gate's recurrence ``S_t = G_t * S_{t-1} + k_t v_t^T`` (``*`` elementwise) has a chunk form.
+    """True if the recurrence ``S_t = G_t * S_{t-1} + k_t v_t^T`` reduces to `gated_linear_attention`'s chunk form.
 
-    Every gate of the table has one; they differ in what it costs. A scalar or per-key-dim gate folds
+    ``kind`` is a model of `GATE_KINDS` or a structure: ``"scalar"``, ``"diagonal"``, ``"outer"``,
+    ``"entry"`` (``G_t * S`` elementwise) or ``"dense"`` (``S_t = A_t S_{t-1} + k_t v_t^T``, a full matrix).
+    Every gate of the table reduces; they differ in what it costs. A scalar or per-key-dim gate folds
     into ``q`` (times ``exp(b_i)``) and ``k`` (times ``exp(-b_j)``): one `gated_linear_attention` call.
     An outer-product gate is ``(alpha beta^T) * S = diag(alpha) S diag(beta)``: ``alpha`` folds into
     ``q, k`` as before, ``beta`` into the values (``v_j / B_j``) and outputs (``o_t B_t``), with ``B`` the
     running product of ``beta``. A per-entry gate leaves each value column its own per-key-dim gate:
     chunkable one value column at a time (`gated_linear_attention_per_entry`, ``d_v`` times the decay
-    work), as chapter 9 runs Mamba's selective scan. A general matrix transition ``S -> A_t S`` is
-    not an elementwise gate and is not in the table.
+    work), as chapter 9 runs Mamba's selective scan. A dense transition mixes the rows of ``S`` and
+    does not reduce (the delta rule's ``I - beta k k^T`` needs a chunk algorithm of its own): False.
     """
-    if kind not in GATE_KINDS:
-        raise ValueError(f"kind must be one of {tuple(GATE_KINDS)}, got {kind!r}")
-    return GATE_KINDS[kind] in ("scalar", "diagonal", "outer", "entry")
+    if kind in GATE_KINDS:
+        kind = GATE_KINDS[kind]
+    if kind not in _GATE_STRUCTURES:
+        raise ValueError(f"kind must be one of {tuple(GATE_KINDS)} or a structure {_GATE_STRUCTURES}, got {kind!r}")
+    return kind != "dense"
 
 
 def gated_linear_attention_per_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Tensor,
