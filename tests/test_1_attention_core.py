@@ -29,7 +29,7 @@ def test_causal_mask_allowed_pairs_closed_form_M1_3():
     assert int(causal_mask(6).sum()) == 21
 
 
-@pytest.mark.parametrize("lq,lk", [(1, 5), (3, 7), (4, 4), (2, 9)])
+@pytest.mark.parametrize("lq,lk", [(1, 5), (3, 7), (4, 4), (2, 9), (5, 3), (7, 1)])
 def test_causal_mask_bottom_right_matches_torch_M1_12(lq, lk):
     expected = causal_lower_right(lq, lk)._materialize()
     assert torch.equal(causal_mask(lq, lk), expected)
@@ -67,7 +67,7 @@ def test_document_mask_M1_15():
     assert int(document_mask([3, 2, 4], causal=False).sum()) == 9 + 4 + 16
 
 
-@pytest.mark.parametrize("bad", [dict(q_len=0), dict(q_len=3, k_len=2), dict(q_len=3, window=-1)])
+@pytest.mark.parametrize("bad", [dict(q_len=0), dict(q_len=3, k_len=0), dict(q_len=3, window=-1)])
 def test_causal_mask_bad_input(bad):
     with pytest.raises((ValueError, TypeError)):
         causal_mask(**bad)

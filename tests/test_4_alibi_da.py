@@ -83,13 +83,16 @@ def test_newest_key_gets_most_weight_E4_15():
 def test_bottom_right_alignment_matches_the_last_rows_M4_12():
     full = alibi_bias(4, 9)
     assert torch.equal(alibi_bias(4, 3, 9), full[:, -3:])
-    with pytest.raises(ValueError, match="k_len"):
-        alibi_bias(4, 5, 3)
+    # k_len < q_len, as SDPA allows: query i sits at i + k_len - q_len (negative for the first rows)
+    i = torch.arange(5)[:, None] - 2
+    assert_close(alibi_bias(4, 5, 3, dtype=torch.float64),
+                 -alibi_slopes(4, dtype=torch.float64)[:, None, None] * (i - torch.arange(3)).abs())
 
 
 def test_alibi_module_slices_one_table_while_decoding_M4_12():
     """Prefill then one key more per step: every bias equals `alibi_bias`, and the module keeps one table per
-    (device, dtype), grown by doubling, instead of one per (q_len, k_len)."""
+    (device, dtype), a vector over the offsets per head grown by doubling, instead of one per (q_len, k_len)
+    or a square (H, n, n) table."""
     mod = AlibiBias(6)
     assert torch.equal(mod(5, 8), alibi_bias(6, 5, 8))
     assert torch.equal(mod(4), alibi_bias(6, 4))
@@ -97,9 +100,23 @@ def test_alibi_module_slices_one_table_while_decoding_M4_12():
         assert torch.equal(mod(1, k_len), alibi_bias(6, 1, k_len))
     assert_close(mod(3, 40, dtype=torch.float64), alibi_bias(6, 3, 40, dtype=torch.float64))
     assert len(mod._tables) == 2                                          # fp32 and fp64, not one per length
-    assert 69 <= mod._tables[("cpu", torch.float32)].shape[-1] <= 2 * 69
-    with pytest.raises(ValueError, match="k_len"):
-        mod(5, 3)
+    table = mod._tables[("cpu", torch.float32)]
+    assert table.shape[0] == 6 and 2 * 69 - 1 <= table.shape[-1] <= 4 * 69   # O(n) offsets, not (n, n)
+    assert torch.equal(mod(5, 3), alibi_bias(6, 5, 3))                       # k_len < q_len, as in SDPA
+
+
+def test_alibi_and_t5_tables_are_linear_in_the_length_M4_12():
+    """A prefill of n tokens and one decode step keep O(n) numbers per head: a square (H, n, n) table would
+    hold 32 heads x 8192^2 fp32 = 8 GiB after a 4,096-token prefill (it doubles to 8,192)."""
+    from xfam_lib.positional import T5RelativeBias
+    n, heads = 1024, 32
+    alibi, t5 = AlibiBias(heads), T5RelativeBias(heads, bidirectional=False)
+    for q_len, k_len in ((n, n), (1, n + 1)):
+        alibi(q_len, k_len)
+        t5.buckets(q_len, k_len)
+    (a_table,), (t_table,) = alibi._tables.values(), t5._tables.values()
+    assert a_table.numel() <= heads * 4 * (n + 1) and t_table.numel() <= 4 * (n + 1)
+    assert torch.equal(alibi(1, n + 1), alibi_bias(heads, 1, n + 1))
 
 
 # ----------------------------------------------------------------------------- M4.13

@@ -216,7 +216,10 @@ def test_t5_module_slices_one_bucket_table_while_decoding_M4_8():
         expected = t5_relative_position_bucket(relative_positions(q_len, k_len), bidirectional=False,
                                                num_buckets=8, max_distance=16)
         assert torch.equal(mod.buckets(q_len, k_len), expected)
-    assert list(mod._tables) == ["cpu"] and 59 <= mod._tables["cpu"].shape[0] <= 2 * 59
+    assert list(mod._tables) == ["cpu"] and 2 * 59 - 1 <= mod._tables["cpu"].shape[0] <= 4 * 59   # O(n) offsets
+    expected = t5_relative_position_bucket(relative_positions(5, 3), bidirectional=False, num_buckets=8,
+                                           max_distance=16)
+    assert torch.equal(mod.buckets(5, 3), expected)                                  # k_len < q_len, as in SDPA
 
 
 @pytest.mark.parametrize("call,err,match", [
@@ -224,7 +227,7 @@ def test_t5_module_slices_one_bucket_table_while_decoding_M4_8():
     (lambda: t5_relative_position_bucket(torch.tensor([1]), num_buckets=0), ValueError, "num_buckets"),
     (lambda: t5_relative_position_bucket(torch.tensor([1]), num_buckets=32, max_distance=8), ValueError, "max_distance"),
     (lambda: T5RelativeBias(0), ValueError, "n_heads"),
-    (lambda: T5RelativeBias(2)(5, 3), ValueError, "k_len"),
+    (lambda: T5RelativeBias(2)(5, 0), ValueError, "k_len"),
 ])
 def test_t5_bad_inputs_M4_8(call, err, match):
     with pytest.raises(err, match=match):

@@ -17,6 +17,7 @@ from xfam_lib.linear import (
     capacity_curve,
     elu_feature_map,
     gate_admits_chunking,
+    gated_linear_attention_per_entry,
     gated_linear_attention,
     linear_attention,
     linformer_attention,
@@ -388,33 +389,84 @@ def test_make_log_gate_formulas_shapes_and_range_M8_14(kind, gen):
         "dfw": lambda: sig(x @ p["Wa"]).unsqueeze(-1) * sig(x @ p["Wb"]).unsqueeze(-2),
     }[kind]()
     assert_close(gate, want, name=f"{kind} gate")
-    shape = {"scalar": (2, L, 1), "diagonal": (2, L, d_k), "matrix": (2, L, d_k, d_v)}[GATE_KINDS[kind]]
+    shape = {"scalar": (2, L, 1), "diagonal": (2, L, d_k), "outer": (2, L, d_k, d_v),
+             "entry": (2, L, d_k, d_v)}[GATE_KINDS[kind]]
     assert gate.shape == shape
     assert (gate > 0).all() and (gate < 1).all()
 
 
+def _gate_loop(q, k, v, log_g, d_k):
+    """The gated recurrence written out, ``S_t = G_t * S_{t-1} + k_t v_t^T``, for a gate of any shape."""
+    gate = log_g.exp()
+    if gate.dim() == 3:                                              # (B, L, 1) or (B, L, d_k)
+        gate = gate.expand(k.shape).unsqueeze(-1)
+    S, outs = torch.zeros(q.shape[0], d_k, v.shape[-1], dtype=F64), []
+    for t in range(q.shape[1]):
+        S = gate[:, t] * S + k[:, t, :, None] * v[:, t, None, :]
+        outs.append((q[:, t, :, None] * S).sum(-2) / math.sqrt(d_k))
+    return torch.stack(outs, 1)
+
+
 @pytest.mark.parametrize("kind", sorted(GATE_KINDS))
-def test_chunkable_gates_run_chunked_matrix_gates_do_not_M8_14(kind, gen):
-    """Scalar and diagonal gates through `gated_linear_attention`: chunk ≡ recurrent; a matrix gate gives a
-    recurrence (loop here) that no per-key-dim gate reproduces, so `gate_admits_chunking` is False."""
+def test_every_table_gate_runs_chunked_M8_14(kind, gen):
+    """Every gate of GLA's Table 1 has a chunk form equal to its recurrence (a loop here), in fp64:
+    scalar and diagonal gates fold into q and k (one `gated_linear_attention` call); DFW's outer-product
+    gate alpha beta^T folds alpha into q, k and beta into the values (v_j / B_j) and outputs (o_t B_t);
+    Mamba's per-entry gate runs one value column at a time. A wrong taxonomy (e.g. "DFW does not
+    factor") fails here, since the folded chunk form is checked against the loop."""
     d_model, d_k, d_v, L = 6, 4, 5, 13
     x = torch.randn(1, L, d_model, generator=gen, dtype=F64)
     q, k = torch.randn(2, 1, L, d_k, generator=gen, dtype=F64)
     v = torch.randn(1, L, d_v, generator=gen, dtype=F64)
-    log_g = make_log_gate(kind, x, _gate_params(kind, d_model, d_k, d_v, gen))
-    if gate_admits_chunking(kind):
-        log_g = log_g.expand(k.shape)
-        assert_close(gated_linear_attention(q, k, v, log_g, mode="chunk", chunk_size=4),
-                     gated_linear_attention(q, k, v, log_g, mode="recurrent"), name=f"{kind} chunk vs recurrent")
-        return
-    S, outs = torch.zeros(1, d_k, d_v, dtype=F64), []
-    for t in range(L):
-        S = log_g[:, t].exp() * S + k[:, t, :, None] * v[:, t, None, :]
-        outs.append((q[:, t, :, None] * S).sum(-2) / math.sqrt(d_k))
-    out = torch.stack(outs, 1)
-    # the closest per-key-dim gate (the mean over the value dim) gives a different output
-    approx = gated_linear_attention(q, k, v, log_g.mean(-1), mode="recurrent")
-    assert (approx - out).abs().max() > 1e-3
+    params = _gate_params(kind, d_model, d_k, d_v, gen)
+    log_g = make_log_gate(kind, x, params)
+    want = _gate_loop(q, k, v, log_g, d_k)
+    assert gate_admits_chunking(kind)
+    structure = GATE_KINDS[kind]
+    if structure in ("scalar", "diagonal"):
+        got = gated_linear_attention(q, k, v, log_g.expand(k.shape), mode="chunk", chunk_size=4)
+    elif structure == "outer":
+        log_alpha, log_beta = F.logsigmoid(x @ params["Wa"]), F.logsigmoid(x @ params["Wb"])
+        assert_close(log_g, log_alpha.unsqueeze(-1) + log_beta.unsqueeze(-2), name="dfw gate = alpha beta^T")
+        B = log_beta.cumsum(-2).exp()                                # running product of beta, (1, L, d_v)
+        got = gated_linear_attention(q, k, v / B, log_alpha, mode="chunk", chunk_size=4) * B
+    else:
+        got = gated_linear_attention_per_entry(q, k, v, log_g, mode="chunk", chunk_size=4)
+        assert_close(got, gated_linear_attention_per_entry(q, k, v, log_g, mode="recurrent"), name="modes")
+    assert_close(got, want, atol=1e-12, rtol=1e-12, name=f"{kind} chunk form vs recurrence")
+    if structure in ("outer", "entry"):                              # the gate is not a per-key-dim one
+        approx = gated_linear_attention(q, k, v, log_g.mean(-1), mode="recurrent")
+        assert (approx - want).abs().max() > 1e-3
+
+
+def test_gate_admits_chunking_by_structure_M8_14():
+    """The table's models and the elementwise structures reduce to the GLA chunk form (each model's route is
+    checked against its loop above); a dense transition S_t = A_t S_{t-1} + k_t v_t^T (the delta rule's
+    I - beta k k^T) mixes the rows of S and does not."""
+    assert all(gate_admits_chunking(k) for k in GATE_KINDS)
+    assert [gate_admits_chunking(s) for s in ("scalar", "diagonal", "outer", "entry", "dense")] == [True] * 4 + [False]
+    with pytest.raises(ValueError, match="kind must be one of"):
+        gate_admits_chunking("matrix")
+
+
+def test_per_entry_gate_bad_shape(gen):
+    q = torch.randn(1, 5, 4, generator=gen)
+    with pytest.raises(ValueError, match=r"log_g must have shape \(\.\.\., L, d_k, d_v\) = \(1, 5, 4, 3\)"):
+        gated_linear_attention_per_entry(q, q, q[..., :3], torch.zeros(1, 5, 4))
+
+
+@pytest.mark.parametrize("d", [16, 64, 128, 256, 512, 1024])
+@pytest.mark.parametrize("causal", [False, True])
+def test_performer_fp32_is_finite_and_close_to_fp64_at_every_head_size_M8_7(d, causal, gen):
+    """fp32 against fp64 with the same W, head sizes up to 1024. The old key shift, the constant
+    max |w|^2 / 2, grows with d: fp32 features underflowed to 0 (NaN at d = 256) and lost digits at 128
+    (error 3e-4 here)."""
+    q, k, v = torch.randn(3, 2, 3, 48, d, generator=gen)
+    W = torch.randn(128, d, generator=gen)
+    got = performer_attention(q, k, v, 128, W=W, causal=causal)
+    want = performer_attention(q.double(), k.double(), v.double(), 128, W=W.double(), causal=causal)
+    assert torch.isfinite(got).all()
+    assert_close(got.double(), want, atol=1e-4, rtol=1e-4, name=f"performer fp32 vs fp64, d = {d}")
 
 
 def test_make_log_gate_bad_input():
@@ -457,3 +509,15 @@ def test_half_precision_runs_in_fp32_M8_3_M8_5_M8_6_M8_7(fn, gen):
     got = call(*half)
     assert got.dtype == torch.bfloat16
     assert_close(got, call(*[x.float() for x in half]), name=f"{fn} bf16 vs fp32")
+
+
+def test_chunk_inter_update_refuses_a_copy(gen):
+    """The chunk forms add the inter-chunk part with an in-place ``baddbmm_`` on ``out.flatten(0, -3)``;
+    for a non-contiguous ``out`` that flatten is a copy and the update would vanish: it raises instead."""
+    from xfam_lib.linear import _add_inter
+    out = torch.zeros(2, 3, 4, 5, dtype=F64)
+    q, S = torch.randn(2, 3, 4, 6, generator=gen, dtype=F64), torch.randn(2, 3, 6, 5, generator=gen, dtype=F64)
+    _add_inter(out, q, S)
+    assert_close(out, q @ S)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        _add_inter(torch.zeros(3, 2, 4, 5, dtype=F64).transpose(0, 1), q, S)

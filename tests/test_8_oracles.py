@@ -68,18 +68,24 @@ def test_causal_linear_attention_vs_fla_naive_M8_9(mode, normalize, gen):
 
 
 @pytest.mark.parametrize("mode", ["recurrent", "parallel", "chunk"])
-def test_gla_vs_fla_naive_recurrent_gla_M8_13(mode, gen):
+@pytest.mark.parametrize("offset", [2.0, -4.0])
+def test_gla_vs_fla_naive_recurrent_gla_M8_13(mode, offset, gen):
     """fla ``naive_recurrent_gla`` (scale K^-1/2, per-channel log gates) with an initial state: outputs and
-    the final state."""
+    the final state. Mild gates (``logsigmoid(z + 2)``, near 0.88) keep every chunk in the factored form;
+    strong ones (``logsigmoid(z - 4)``, near 0.02) push a chunk's log decay below ``-_SAFE_LOG_DECAY``, so the
+    chunk form takes its log-space path (sub-chunks of 8 inside chunks of 16) and is checked there too."""
+    from xfam_lib import linear
     naive = fla_naive("gla")
-    B, H, T, K, V = 2, 2, 29, 8, 6
+    B, H, T, K, V = 2, 2, 45, 8, 6
     q, k = (torch.randn(B, H, T, K, generator=gen) for _ in range(2))
     v = torch.randn(B, H, T, V, generator=gen)
-    log_g = torch.nn.functional.logsigmoid(torch.randn(B, H, T, K, generator=gen) + 2)
+    log_g = torch.nn.functional.logsigmoid(torch.randn(B, H, T, K, generator=gen) + offset)
+    chunk_decay = log_g[..., :16, :].sum(-2)
+    assert bool((chunk_decay >= -linear._SAFE_LOG_DECAY).all()) == (offset > 0)   # which path the chunk form takes
     s0 = torch.randn(B, H, K, V, generator=gen)
     want, want_state = naive.naive_recurrent_gla(bthd(q), bthd(k), bthd(v), bthd(log_g), initial_state=s0,
                                                  output_final_state=True)
-    got, state = gated_linear_attention(q, k, v, log_g, mode=mode, chunk_size=8, initial_state=s0,
+    got, state = gated_linear_attention(q, k, v, log_g, mode=mode, chunk_size=16, initial_state=s0,
                                         return_final_state=True)
     assert_close(got, bthd(want), name=f"GLA {mode} vs fla")
     assert_close(state, want_state, name=f"GLA {mode} final state vs fla")

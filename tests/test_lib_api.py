@@ -65,3 +65,25 @@ def test_positional_masks_are_validated_like_attentions():
         positional.da_attention(x, x, x, -0.1, 0.0, mask=torch.ones(4, 4))
     with pytest.raises(ValueError, match="enlarging"):
         positional.da_attention(x, x, x, -0.1, 0.0, mask=torch.ones(3, 4, 4, dtype=torch.bool))
+
+
+def test_one_set_of_validators_in_utils():
+    """Every module that takes q, k, v validates them with `utils.check_qkv` and `utils.resolve_scale`;
+    none keeps a private copy, and positional/sparse import no validator from attention."""
+    import inspect
+
+    from xfam_lib import attention, linear, sparse, utils
+    for module in (attention, linear, positional, sparse):
+        assert module.check_qkv is utils.check_qkv and module.resolve_scale is utils.resolve_scale
+        assert not hasattr(module, "_check_qkv") and not hasattr(module, "_resolve_scale")
+    for module in (positional, sparse):
+        imports = [line for line in inspect.getsource(module).splitlines() if "from .attention import" in line]
+        assert not any("_check" in line or "_resolve" in line for line in imports), imports
+    x, y = rand(2, 5, 8), rand(2, 5, 4)
+    messages = set()
+    for call in (lambda: attention.scaled_dot_product_attention(x, y, x),
+                 lambda: linear.linear_attention(x, y, x), lambda: sparse.sliding_window_attention(x, y, x, 2)):
+        with pytest.raises(ValueError, match="d_k") as err:
+            call()
+        messages.add(str(err.value))
+    assert len(messages) == 1                                          # one message, from one validator

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .utils import check_positive_int, check_same_dtype, check_tensor
+from .utils import (BlockSizeError, check_bias, check_block_size, check_broadcasts_to_scores,
+                    check_positive_int, check_qkv, check_same_dtype, check_tensor, resolve_scale)
 from .utils import compute_dtype as _compute_dtype
 
 __all__ = [
@@ -61,12 +62,11 @@ def causal_mask(q_len: int, k_len: int | None = None, *, window: int | None = No
 
     Query ``i`` sits at absolute position ``i' = i + k_len - q_len`` and may attend key ``j`` iff
     ``j <= i'`` and, when ``window`` is given, ``i' - j <= window`` (the sliding-window band).
+    With ``k_len < q_len`` the first ``q_len - k_len`` rows see no key, as in PyTorch's SDPA
+    (``torch.nn.attention.bias.causal_lower_right``).
     """
     q_len = check_positive_int("q_len", q_len)
     k_len = q_len if k_len is None else check_positive_int("k_len", k_len)
-    if k_len < q_len:
-        raise ValueError(f"causal_mask needs k_len >= q_len (queries are the last q_len positions), "
-                         f"got q_len={q_len}, k_len={k_len}")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
         raise ValueError(f"window must be a non-negative int, got {window!r}")
     return _bottom_right(q_len, k_len, window, device)
@@ -120,32 +120,6 @@ def document_mask(doc_lengths, *, causal: bool = True, device: torch.device | st
 
 
 # ----------------------------------------------------------------------------- scaled dot-product attention
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, min_rank=2, floating=True)
-    check_same_dtype(q=q, k=k, v=v)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the feature size d_k (dim -1), got q {tuple(q.shape)} and "
-                         f"k {tuple(k.shape)}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must share the key length (dim -2), got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(f"q, k, v must share their leading dims, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-                         f"v {tuple(v.shape)}")
-
-
-def _check_broadcasts_to_scores(name: str, t: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
-    """``t`` must broadcast to the scores ``(..., Lq, Lk)`` without enlarging them (no extra or larger batch dims)."""
-    scores = tuple(q.shape[:-2]) + (q.shape[-2], k.shape[-2])
-    try:
-        ok = torch.broadcast_shapes(t.shape, scores) == scores
-    except RuntimeError:
-        ok = False
-    if not ok:
-        raise ValueError(f"{name} of shape {tuple(t.shape)} must broadcast to the scores {scores} (q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}) without enlarging them")
-
-
 def _combined_mask(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor | None:
     """Validate ``mask`` and fold the bottom-right causal mask into it; None when nothing is masked."""
     if mask is not None:
@@ -153,25 +127,11 @@ def _combined_mask(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, 
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}; "
                             f"pass additive float biases as bias=")
-        _check_broadcasts_to_scores("mask", mask, q, k)
+        check_broadcasts_to_scores("mask", mask, q, k)
     if causal:
         cmask = _bottom_right(q.shape[-2], k.shape[-2], None, q.device)
         mask = cmask if mask is None else mask & cmask
     return mask
-
-
-def _check_bias(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> None:
-    if bias is not None:
-        check_tensor("bias", bias, floating=True)
-        _check_broadcasts_to_scores("bias", bias, q, k)
-
-
-def _resolve_scale(scale: float | None, q: torch.Tensor) -> float:
-    """``1/sqrt(d_k)`` by default; otherwise ``scale``, which must be a positive finite number."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
-    return float(scale)
 
 
 def _masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -217,9 +177,9 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     (``torch.nn.functional.scaled_dot_product_attention``) with the conventions above enforced
     around it; with it, from `attention_reference`, the explicit formula. Tests check the two agree.
     """
-    _check_qkv(q, k, v)
-    scale = _resolve_scale(scale, q)
-    _check_bias(bias, q, k)
+    check_qkv(q, k, v)
+    scale = resolve_scale(scale, q.shape[-1])
+    check_bias(bias, q, k)
     in_dtype = q.dtype
     work = _compute_dtype(in_dtype)                                 # fp32 for halves
     if bias is not None:
@@ -714,10 +674,10 @@ def normalized_relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     such a row gets all-zero weights, and with ``eps = 0`` it is ``0/0 = nan``. Shapes as in
     `scaled_dot_product_attention`; halves are computed in fp32.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    scale = _resolve_scale(scale, q)
+    scale = resolve_scale(scale, q.shape[-1])
     in_dtype = q.dtype
     q, k, v = (t.to(_compute_dtype(in_dtype)) for t in (q, k, v))
     r = torch.relu(torch.matmul(q, k.transpose(-2, -1)) * scale)
@@ -736,8 +696,8 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     as in `scaled_dot_product_attention`. Halves: computed in fp32, ``out`` returned in the input
     dtype and ``lse`` in fp32. `merge_partials` combines results over disjoint key sets.
     """
-    _check_qkv(q, k, v)
-    scale = _resolve_scale(scale, q)
+    check_qkv(q, k, v)
+    scale = resolve_scale(scale, q.shape[-1])
     mask = _combined_mask(q, k, mask, causal)
     in_dtype = q.dtype
     q, k, v = (t.to(_compute_dtype(in_dtype)) for t in (q, k, v))
@@ -788,19 +748,6 @@ def merge_partials(outs, lses) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------- tiled attention (M3.11)
-class BlockSizeError(ValueError, TypeError):
-    """A bad block size: raised for non-positive *and* non-integer sizes (like NumPy's ``AxisError``,
-    it is both a ``ValueError`` and a ``TypeError``, so either ``except`` catches it)."""
-
-
-def _check_block(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise BlockSizeError(f"{name} must be a positive int, got {value!r} of type {type(value).__name__}")
-    if value <= 0:
-        raise BlockSizeError(f"{name} must be a positive int, got {value}")
-    return int(value)
-
-
 def _key_blocks(i0: int, i1: int, lk: int, offset: int, block_k: int, causal: bool, device):
     """Key blocks ``(j0, j1, allowed)`` that query rows ``i0 .. i1-1`` can see.
 
@@ -918,9 +865,9 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     blocks from the saved log-sum-exp, so training memory is also O(L). ``return_lse=True`` also
     returns ``lse (..., Lq)`` (fp32 for halves), as `attention_with_lse` does.
     """
-    _check_qkv(q, k, v)
-    scale = _resolve_scale(scale, q)
-    block_q = _check_block("block_q", block_q)
-    block_k = _check_block("block_k", block_k)
+    check_qkv(q, k, v)
+    scale = resolve_scale(scale, q.shape[-1])
+    block_q = check_block_size("block_q", block_q)
+    block_k = check_block_size("block_k", block_k)
     out, lse = _TiledAttention.apply(q, k, v, scale, bool(causal), block_q, block_k)
     return (out, lse) if return_lse else out

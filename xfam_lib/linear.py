@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .utils import check_positive_int, check_same_dtype, check_tensor
+from .utils import check_positive_int, check_qkv, check_tensor, resolve_scale
 from .utils import compute_dtype as _compute_dtype
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "capacity_curve",
     "GATE_KINDS",
     "gate_admits_chunking",
+    "gated_linear_attention_per_entry",
     "make_log_gate",
 ]
 
@@ -107,23 +108,6 @@ def _apply_feature_map(phi, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Ten
 
 
 # ----------------------------------------------------------------------------- argument checks
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, min_rank=2, floating=True)
-    check_same_dtype(q=q, k=k, v=v)
-    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-    if not q.dim() == k.dim() == v.dim():
-        raise ValueError(f"q, k, v must have the same rank (..., L, d), got {shapes}")
-    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
-        raise ValueError(f"q, k, v must share their leading dims (e.g. batch, heads), got {shapes}")
-    if not q.shape[-2] == k.shape[-2] == v.shape[-2]:
-        raise ValueError(f"q, k, v must share the sequence length L (dim -2), got {shapes}")
-    if q.shape[-2] == 0:
-        raise ValueError(f"the sequence length L (dim -2) must be positive, got {shapes}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the feature size d_k (dim -1), got {shapes}")
-
-
 def _check_mode(mode, allowed: tuple[str, ...]) -> str:
     if not isinstance(mode, str) or mode not in allowed:
         raise ValueError(f"mode must be one of {allowed}, got {mode!r}")
@@ -189,6 +173,18 @@ def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return out
 
 
+def _add_inter(out: torch.Tensor, q: torch.Tensor, S: torch.Tensor, scale: float = 1.0) -> None:
+    """``out = scale * (out + q @ S)`` in place, as one batched ``baddbmm_`` on ``out.flatten(0, -3)``.
+
+    ``flatten`` returns a view only for a contiguous ``out``; on a copy the in-place update would be
+    lost silently, so anything else is made an error here rather than a wrong result.
+    """
+    flat = out.flatten(0, -3)
+    if flat.data_ptr() != out.data_ptr() or not out.is_contiguous():
+        raise RuntimeError(f"_add_inter needs a contiguous out to update in place, got strides {out.stride()}")
+    flat.baddbmm_(q.flatten(0, -3), S.flatten(0, -3), beta=scale, alpha=scale)
+
+
 # ----------------------------------------------------------------------------- linear attention (M8.8, M8.9)
 def _linear_parallel(fq, fk, v, causal: bool):
     """Quadratic form: ``A = phi(Q) phi(K)^T`` (lower-triangular if causal); ``num = A V``, ``den = A 1``."""
@@ -239,7 +235,7 @@ def _linear_chunk(fq, fk, v, causal: bool, chunk_size: int):
     den = scores.sum(-1)                                             # (..., n, C)
     S = _exclusive_cumsum(kc.transpose(-2, -1) @ vc, -3)             # (..., n, d_phi, d_v)
     z = _exclusive_cumsum(kc.sum(-2), -2)                            # (..., n, d_phi)
-    num.flatten(0, -3).baddbmm_(qc.flatten(0, -3), S.flatten(0, -3))  # + inter, in place
+    _add_inter(num, qc, S)                                           # + inter, in place
     den.add_((qc @ z.unsqueeze(-1)).squeeze(-1))
     return _from_chunks(num, length), den.flatten(-2)[..., :length]
 
@@ -260,7 +256,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
     reads the final state), ``"chunk"`` (state across chunks of ``chunk_size``, masked product inside).
     With ``"identity"`` or ``"relu"`` the normaliser can be 0 or negative; ``eps`` only guards 0.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, same_length=True)
     _check_mode(mode, _LINEAR_MODES)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     eps = _check_nonneg("eps", eps)
@@ -363,17 +359,9 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int, scale: float = 1.0):
     for c in range(qc.shape[-3]):                                    # elementwise only: decay, then add
         entering, state = state, torch.addcmul(states[..., c, :, :], chunk_decay[..., c, :, :], state)
         states[..., c, :, :] = entering                              # slot c, used, now holds the state entering c
-    intra = intra.contiguous()                                       # (..., n, C, d_v); a view unless padded
-    intra.flatten(0, -3).baddbmm_(q_in.flatten(0, -3), states.flatten(0, -3), beta=scale, alpha=scale)  # + inter
+    intra = intra.contiguous()                                       # (..., n, C, d_v)
+    _add_inter(intra, q_in, states, scale)                           # + inter
     return _from_chunks(intra, length), state
-
-
-def _resolve_scale(scale, d_k: int) -> float:
-    """``1/sqrt(d_k)`` by default; otherwise ``scale``, which must be a positive finite real number."""
-    scale = 1.0 / math.sqrt(d_k) if scale is None else scale
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
-    return float(scale)
 
 
 def gated_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Tensor, *,
@@ -392,14 +380,14 @@ def gated_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo
     fp16/bf16 run in fp32; ``out`` has the input dtype and the final state stays fp32.
     ``initial_state`` may have ``q``'s dtype, or fp32 for half inputs.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, same_length=True)
     check_tensor("log_g", log_g, floating=True)
     if log_g.shape != k.shape:
         raise ValueError(f"log_g must have the shape of k (..., L, d_k) = {tuple(k.shape)}, got {tuple(log_g.shape)}")
     _check_aux_dtype("log_g", log_g, q)
     _check_mode(mode, _GLA_MODES)
     chunk_size = check_positive_int("chunk_size", chunk_size)
-    scale = _resolve_scale(scale, q.shape[-1])
+    scale = resolve_scale(scale, q.shape[-1])
     low, high = torch.aminmax(log_g.detach()) if log_g.numel() else (log_g.new_zeros(()),) * 2   # NaN: both NaN
     if not (bool(low > float("-inf")) and bool(high <= 0)):
         bad = log_g.detach()[~(torch.isfinite(log_g) & (log_g <= 0))]
@@ -442,7 +430,7 @@ def retention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma, *, mode:
     left-product-inside, right-product-across scheme). No scaling of ``q``: RetNet-style code scales
     by ``d_k**-0.5``, so pass ``q * d_k**-0.5`` for that.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, same_length=True)
     lead = q.shape[:-2]
     cdtype = _compute_dtype(q.dtype)
     if isinstance(gamma, torch.Tensor):
@@ -478,7 +466,7 @@ def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, E: to
     ``(..., L, d_v)``. The scores are ``L x r``, not ``L x L``. With ``r = L`` and ``E = F = I``
     this is full attention. ``scale=None`` means ``1/sqrt(d_k)``. Half precision runs in fp32.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, same_length=True)
     length = k.shape[-2]
     for name, P in (("E", E), ("F", F)):
         check_tensor(name, P, min_rank=2, floating=True)
@@ -488,7 +476,7 @@ def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, E: to
         _check_aux_dtype(name, P, q)
     if E.shape[-2] != F.shape[-2]:
         raise ValueError(f"E and F must project to the same r, got E {tuple(E.shape)} and F {tuple(F.shape)}")
-    scale = _resolve_scale(scale, q.shape[-1])
+    scale = resolve_scale(scale, q.shape[-1])
     in_dtype = q.dtype
     cdtype = _compute_dtype(in_dtype)
     q, k, v, E, F = (x.to(cdtype) for x in (q, k, v, E, F))
@@ -607,7 +595,7 @@ def rfa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, W: torch.Te
     ``"chunk"``) are those of `linear_attention`. The kernel estimate is unbiased but the ratio is not,
     and the estimated denominator can be ``<= 0`` (trigonometric features are not positive).
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, same_length=True)
     _check_features_W(q, W)
     in_dtype = q.dtype
     cdtype = _compute_dtype(in_dtype)
@@ -616,6 +604,9 @@ def rfa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, W: torch.Te
     fk = (0.5 * k.pow(2).sum(-1, keepdim=True)).exp() * rff_features(k, W)
     out = linear_attention(fq, fk, v, feature_map="identity", causal=causal, mode=mode, chunk_size=chunk_size, eps=eps)
     return out.to(in_dtype)
+
+
+_PERFORMER_HEADROOM = 80.0     # keys' features stay below e^80: fp32 holds e^88, and m of them are summed
 
 
 def performer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_features: int = 256, *,
@@ -628,15 +619,19 @@ def performer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_fea
     ``x sqrt(scale)`` (``scale=None`` means ``1/sqrt(d)``) with ``W (n_features, d)`` from
     `orthogonal_gaussian` (``orthogonal=True``) or i.i.d. ``N(0, I)``, drawn from ``seed``; pass ``W``
     to fix it. ``causal``, ``mode``, ``chunk_size`` as in `linear_attention` (``eps = 0``: the features are
-    positive). Overflow guard: each query's exponents are shifted by their own maximum, every key's by
-    the constant ``max_i |w_i|^2 / 2`` (``w . x - |x|^2/2 <= |w|^2/2``), which depends on ``W`` only;
-    both cancel in the ratio. A shift by the maximum over all keys (as in performer-pytorch) would
-    make causal outputs depend on future keys.
+    positive). Range guard: each query's exponents are shifted by their own maximum, and every key's
+    by one constant per sequence; both cancel in the ratio. Non-causal: the largest key exponent.
+    Causal: the largest exponent of the *first* key, which is in every query's past, raised to the
+    largest exponent of all keys minus 80 only where a later key would otherwise pass ``e^80`` (fp32
+    overflows at ``e^88``); so a later key changes no earlier output unless it would overflow it. The
+    data-independent bound ``max_i |w_i|^2 / 2`` (``w . x - |x|^2/2 <= |w|^2/2``) is no shift: it
+    grows with ``d`` (about 165 at ``d = 256``) while typical exponents stay near 0, so every fp32
+    feature underflowed to 0 and the output was NaN.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, same_length=True)
     n_features = check_positive_int("n_features", n_features)
     d = q.shape[-1]
-    scale = _resolve_scale(scale, d)
+    scale = resolve_scale(scale, d)
     in_dtype = q.dtype
     cdtype = _compute_dtype(in_dtype)
     if W is None:
@@ -654,7 +649,11 @@ def performer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_fea
 
     eq = exponents(q)
     fq = torch.exp(eq - eq.amax(-1, keepdim=True).detach())
-    fk = torch.exp(exponents(k) - 0.5 * W.pow(2).sum(-1).max())
+    ek = exponents(k)
+    top = ek.detach().amax((-2, -1), keepdim=True)                  # (..., 1, 1)
+    first = ek.detach()[..., :1, :].amax(-1, keepdim=True)         # the first key's largest exponent
+    shift = torch.maximum(first, top - _PERFORMER_HEADROOM) if causal else top
+    fk = torch.exp(ek - shift)
     out = linear_attention(fq, fk, v, feature_map="identity", causal=causal, mode=mode, chunk_size=chunk_size, eps=0.0)
     return out.to(in_dtype)
 
@@ -697,20 +696,55 @@ def capacity_curve(d: int, ns, *, trials: int = 20, orthonormal: bool = False, s
 
 # ----------------------------------------------------------------------------- gate parameterisations (M8.14)
 # How each gate of GLA's Table 1 (Yang et al. 2024) decays the (d_k, d_v) state: one number per step
-# ("scalar"), one per key dim ("diagonal", the gate GLA uses) or one per state entry ("matrix").
+# ("scalar"), one per key dim ("diagonal", the gate GLA uses), an outer product alpha beta^T of a key
+# and a value gate ("outer", DFW), or one number per state entry ("entry", Mamba).
 GATE_KINDS: dict[str, str] = {
     "retnet": "scalar", "mamba2": "scalar", "mlstm": "scalar", "gated_retention": "scalar",
     "gla": "diagonal", "hgrn2": "diagonal", "rwkv6": "diagonal", "gateloop": "diagonal",
-    "mamba": "matrix", "dfw": "matrix",
+    "dfw": "outer", "mamba": "entry",
 }
+_GATE_STRUCTURES = ("scalar", "diagonal", "outer", "entry", "dense")
 
 
 def gate_admits_chunking(kind: str) -> bool:
-    """True if `gated_linear_attention`'s chunk form can take the gate: a scalar or per-key-dim gate folds
-    into ``q`` (times ``exp(b_i)``) and ``k`` (times ``exp(-b_j)``); a gate per state entry does not."""
-    if kind not in GATE_KINDS:
-        raise ValueError(f"kind must be one of {tuple(GATE_KINDS)}, got {kind!r}")
-    return GATE_KINDS[kind] != "matrix"
+    """True if the recurrence ``S_t = G_t * S_{t-1} + k_t v_t^T`` reduces to `gated_linear_attention`'s chunk form.
+
+    ``kind`` is a model of `GATE_KINDS` or a structure: ``"scalar"``, ``"diagonal"``, ``"outer"``,
+    ``"entry"`` (``G_t * S`` elementwise) or ``"dense"`` (``S_t = A_t S_{t-1} + k_t v_t^T``, a full matrix).
+    Every gate of the table reduces; they differ in what it costs. A scalar or per-key-dim gate folds
+    into ``q`` (times ``exp(b_i)``) and ``k`` (times ``exp(-b_j)``): one `gated_linear_attention` call.
+    An outer-product gate is ``(alpha beta^T) * S = diag(alpha) S diag(beta)``: ``alpha`` folds into
+    ``q, k`` as before, ``beta`` into the values (``v_j / B_j``) and outputs (``o_t B_t``), with ``B`` the
+    running product of ``beta``. A per-entry gate leaves each value column its own per-key-dim gate:
+    chunkable one value column at a time (`gated_linear_attention_per_entry`, ``d_v`` times the decay
+    work), as chapter 9 runs Mamba's selective scan. A dense transition mixes the rows of ``S`` and
+    does not reduce (the delta rule's ``I - beta k k^T`` needs a chunk algorithm of its own): False.
+    """
+    if kind in GATE_KINDS:
+        kind = GATE_KINDS[kind]
+    if kind not in _GATE_STRUCTURES:
+        raise ValueError(f"kind must be one of {tuple(GATE_KINDS)} or a structure {_GATE_STRUCTURES}, got {kind!r}")
+    return kind != "dense"
+
+
+def gated_linear_attention_per_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Tensor,
+                                     **kwargs) -> torch.Tensor:
+    """`gated_linear_attention` with a gate per state entry, ``log_g (..., L, d_k, d_v)``, one value column at a time.
+
+    Column ``e`` of the state, ``S[:, e]``, obeys ``S_t[:, e] = g_t[:, e] * S_{t-1}[:, e] + k_t v_{t,e}``, a
+    per-key-dim gated recurrence of its own, so the ``d_v`` columns run as ``d_v`` heads of one
+    `gated_linear_attention` call (``kwargs``: ``mode``, ``chunk_size``, ``scale``) → ``(..., L, d_v)``.
+    """
+    check_qkv(q, k, v, same_length=True)
+    check_tensor("log_g", log_g, floating=True)
+    if log_g.shape != k.shape + (v.shape[-1],):
+        raise ValueError(f"log_g must have shape (..., L, d_k, d_v) = {tuple(k.shape + (v.shape[-1],))} for "
+                         f"k {tuple(k.shape)} and v {tuple(v.shape)}, got {tuple(log_g.shape)}")
+    d_v = v.shape[-1]
+    heads = lambda x: x.unsqueeze(-3).expand(x.shape[:-2] + (d_v,) + x.shape[-2:])   # (..., d_v, L, d)
+    out = gated_linear_attention(heads(q), heads(k), v.movedim(-1, -2).unsqueeze(-1), log_g.movedim(-1, -3),
+                                 **kwargs)                          # (..., d_v, L, 1)
+    return out.squeeze(-1).movedim(-2, -1)
 
 
 def make_log_gate(kind: str, x: torch.Tensor, params: dict) -> torch.Tensor:
@@ -725,9 +759,10 @@ def make_log_gate(kind: str, x: torch.Tensor, params: dict) -> torch.Tensor:
       ``"hgrn2"`` ``{W (d_model, d_k), gamma (d_k,)}``: ``log(gamma + (1 - gamma) sigmoid(x W))``;
       ``"rwkv6"`` ``{W}``: ``-exp(x W)``; ``"gateloop"`` ``{W}``: ``log sigmoid(x W)`` (the gate's magnitude;
       GateLoop's complex phase is left out).
-    * matrix, ``(..., L, d_k, d_v)`` (not chunkable, see `gate_admits_chunking`): ``"mamba"``
-      ``{W1 (d_model, r), W2 (r, d_v), A (d_k, d_v)}``: ``-softplus(x W1 W2)[j] exp(A[i, j])``;
-      ``"dfw"`` ``{Wa (d_model, d_k), Wb (d_model, d_v)}``: ``log sigmoid(x Wa)[i] + log sigmoid(x Wb)[j]``.
+    * per state entry, ``(..., L, d_k, d_v)`` (chunkable by the routes of `gate_admits_chunking`):
+      ``"mamba"`` ``{W1 (d_model, r), W2 (r, d_v), A (d_k, d_v)}``: ``-softplus(x W1 W2)[j] exp(A[i, j])``;
+      ``"dfw"`` ``{Wa (d_model, d_k), Wb (d_model, d_v)}``: ``log sigmoid(x Wa)[i] + log sigmoid(x Wb)[j]``
+      (an outer product ``alpha beta^T`` of the gates).
     """
     if kind not in GATE_KINDS:
         raise ValueError(f"kind must be one of {tuple(GATE_KINDS)}, got {kind!r}")

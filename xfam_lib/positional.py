@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import (KVCache, _check_bias, _check_qkv, _combined_mask, _masked_softmax, _resolve_scale, causal_mask, repeat_kv,
+from .attention import (KVCache, _combined_mask, _masked_softmax, causal_mask, repeat_kv,
                         scaled_dot_product_attention)
-from .utils import check_positive_int, check_tensor, compute_dtype
+from .utils import check_bias, check_positive_int, check_qkv, check_tensor, compute_dtype, resolve_scale
 
 __all__ = [
     # absolute
@@ -44,13 +44,16 @@ __all__ = [
 
 # ============================================================================= shared helpers
 def _check_lengths(q_len: int, k_len: int | None) -> tuple[int, int]:
-    """Validate ``q_len <= k_len`` (queries are the last ``q_len`` positions) and return both."""
+    """Validate positive lengths (``k_len`` defaults to ``q_len``) and return both. Any ``k_len`` is
+    allowed, as in SDPA: query ``i`` sits at ``i' = i + k_len - q_len``, negative when ``k_len < q_len``."""
     q_len = check_positive_int("q_len", q_len)
     k_len = q_len if k_len is None else check_positive_int("k_len", k_len)
-    if k_len < q_len:
-        raise ValueError(f"k_len must be >= q_len (queries are the last q_len of the k_len positions), "
-                         f"got q_len={q_len}, k_len={k_len}")
     return q_len, k_len
+
+
+def _offsets(q_len: int, k_len: int, n: int, device) -> torch.Tensor:
+    """Indices ``(q_len, k_len)`` of ``j - i'`` into a vector over the offsets ``-(n-1) .. n-1``."""
+    return relative_positions(q_len, k_len, device=device) + (n - 1)
 
 
 def relative_positions(q_len: int, k_len: int | None = None, *,
@@ -393,10 +396,10 @@ def shaw_relative_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r
     tensor: ``q rel_k^T`` is gathered by index, and the value term scatters the weights into ``2K+1``
     buckets. Returns ``out (..., Lq, d_v)`` (and the weights with ``return_weights=True``).
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     _check_shaw_tables(q, v, rel_k, rel_v, max_distance)
-    _check_bias(bias, q, k)
-    scale = _resolve_scale(scale, q)
+    check_bias(bias, q, k)
+    scale = resolve_scale(scale, q.shape[-1])
     lq, lk = q.shape[-2], k.shape[-2]
     idx = shaw_relative_positions(lq, lk, max_distance, device=q.device)               # (Lq, Lk)
     idx = idx.expand(*q.shape[:-2], lq, lk)
@@ -413,9 +416,9 @@ def shaw_relative_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r
 
 def shaw_relative_attention_reference(q, k, v, rel_k, rel_v, max_distance, *, mask=None, causal=False, scale=None):
     """The paper's formula with the ``(Lq, Lk, d)`` tensors ``a^K, a^V`` built explicitly. Returns ``(out, weights)``."""
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     _check_shaw_tables(q, v, rel_k, rel_v, max_distance)
-    scale = _resolve_scale(scale, q)
+    scale = resolve_scale(scale, q.shape[-1])
     idx = shaw_relative_positions(q.shape[-2], k.shape[-2], max_distance, device=q.device)
     a_k = rel_k[idx]                                                                     # (Lq, Lk, d)
     keys = k.unsqueeze(-3) + a_k                                                         # (..., Lq, Lk, d)
@@ -693,10 +696,10 @@ def t5_relative_position_bucket(relative_position: torch.Tensor, *, bidirectiona
 class T5RelativeBias(nn.Module):
     """T5's learned scalar bias per (bucket, head): ``forward(q_len, k_len=None) -> (n_heads, q_len, k_len)``.
 
-    Bucket ids depend only on ``j - i'``, so one square table of bucket ids for positions ``0 .. n-1``
-    serves every ``(q_len, k_len)`` with ``k_len <= n`` as a slice (its bottom-right corner); it is built
-    once per device and doubled when a longer ``k_len`` comes, so decoding step by step does not add a
-    table per step. The biases (initialised at zero) are looked up on every call so they train. Use
+    Bucket ids depend only on the offset ``j - i'``, so the module keeps one vector of bucket ids over the
+    offsets ``-(n-1) .. n-1`` (``2n - 1`` numbers, not an ``n x n`` table) and gathers the ``(q_len, k_len)``
+    ids from it; the vector is built once per device and doubled when a longer input comes, so decoding
+    step by step does not add one per step. The biases (initialised at zero) are looked up on every call so they train. Use
     ``bidirectional=False`` in a causal decoder.
     """
 
@@ -708,20 +711,22 @@ class T5RelativeBias(nn.Module):
                                     num_buckets=num_buckets, max_distance=max_distance)   # validate the settings
         self.bias = nn.Embedding(num_buckets, n_heads)
         nn.init.zeros_(self.bias.weight)
-        self._tables: dict[str, torch.Tensor] = {}                      # device -> (n, n) bucket ids
+        self._tables: dict[str, torch.Tensor] = {}                      # device -> (2n - 1,) bucket ids
 
     def buckets(self, q_len: int, k_len: int | None = None) -> torch.Tensor:
-        """Bucket ids ``(q_len, k_len)``: a view into the cached square table (do not modify it in place)."""
+        """Bucket ids ``(q_len, k_len)``, gathered from the cached vector over offsets."""
         q_len, k_len = _check_lengths(q_len, k_len)
         device = self.bias.weight.device
         table = self._tables.get(str(device))
-        if table is None or table.shape[0] < k_len:
-            n = max(k_len, 2 * table.shape[0] if table is not None else 0)
+        need = max(q_len, k_len)
+        if table is None or (table.shape[0] + 1) // 2 < need:
+            n = max(need, table.shape[0] + 1 if table is not None else 0)      # doubles the offsets covered
             with torch.inference_mode(False):                           # the table outlives this call
-                table = t5_relative_position_bucket(relative_positions(n, device=device), bidirectional=self.bidirectional,
+                offsets = torch.arange(-(n - 1), n, device=device)
+                table = t5_relative_position_bucket(offsets, bidirectional=self.bidirectional,
                                                     num_buckets=self.num_buckets, max_distance=self.max_distance)
             self._tables[str(device)] = table
-        return table[k_len - q_len:k_len, :k_len]
+        return table[_offsets(q_len, k_len, (table.shape[0] + 1) // 2, device)]
 
     def forward(self, q_len: int, k_len: int | None = None) -> torch.Tensor:
         return self.bias(self.buckets(q_len, k_len)).permute(2, 0, 1)
@@ -763,28 +768,32 @@ def alibi_bias(n_heads: int, q_len: int, k_len: int | None = None, *, dtype: tor
 class AlibiBias(nn.Module):
     """`alibi_bias` for a model: ``forward(q_len, k_len=None, *, device=None, dtype=fp32) -> (n_heads, q_len, k_len)``.
 
-    The bias depends only on ``|i' - j|``, so one square table ``alibi_bias(n_heads, n)`` serves every
-    ``(q_len, k_len)`` with ``k_len <= n`` as a slice (its bottom-right corner). It is built once per
-    ``(device, dtype)`` and doubled when a longer ``k_len`` comes, so decoding step by step does not add
-    a table per step. The result is a view into the shared table: do not modify it in place.
+    The bias depends only on the offset ``j - i'``, so the module keeps one ``(n_heads, 2n - 1)`` table over
+    the offsets ``-(n-1) .. n-1`` (O(n) memory, not O(n^2)) and gathers the ``(n_heads, q_len, k_len)``
+    bias from it. It is built once per ``(device, dtype)`` and doubled when a longer input comes, so
+    decoding step by step does not add a table per step.
     """
 
     def __init__(self, n_heads: int):
         super().__init__()
         self.n_heads = check_positive_int("n_heads", n_heads)
-        self._tables: dict[tuple, torch.Tensor] = {}                    # (device, dtype) -> (H, n, n)
+        self._tables: dict[tuple, torch.Tensor] = {}                    # (device, dtype) -> (H, 2n - 1)
 
     def forward(self, q_len: int, k_len: int | None = None, *, device: torch.device | str | None = None,
                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
         q_len, k_len = _check_lengths(q_len, k_len)
         key = (str(torch.device(device or "cpu")), dtype)
         table = self._tables.get(key)
-        if table is None or table.shape[-1] < k_len:
-            n = max(k_len, 2 * table.shape[-1] if table is not None else 0)
+        need = max(q_len, k_len)
+        if table is None or (table.shape[-1] + 1) // 2 < need:
+            n = max(need, table.shape[-1] + 1 if table is not None else 0)     # doubles the offsets covered
             with torch.inference_mode(False):                           # the table outlives this call
-                table = alibi_bias(self.n_heads, n, dtype=dtype, device=device)
+                distance = torch.arange(-(n - 1), n, device=device).abs().to(torch.float64)
+                slopes = alibi_slopes(self.n_heads, dtype=torch.float64, device=device)
+                table = (-slopes[:, None] * distance).to(dtype)          # -m_h |d| for d = -(n-1) .. n-1
             self._tables[key] = table
-        return table[:, k_len - q_len:k_len, :k_len]
+        idx = _offsets(q_len, k_len, (table.shape[-1] + 1) // 2, table.device)
+        return table[:, idx]
 
 
 # ============================================================================= DA-Transformer (M4.14)
@@ -821,8 +830,8 @@ def da_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha, beta,
     makes the scores non-negative so that ``f`` only shrinks or grows them (a negative score times
     ``f > 1`` would be pushed *down*). ``⊙`` is element-wise. Returns ``out`` (and the weights).
     """
-    _check_qkv(q, k, v)
-    scale = _resolve_scale(scale, q)
+    check_qkv(q, k, v)
+    scale = resolve_scale(scale, q.shape[-1])
     dist = relative_positions(q.shape[-2], k.shape[-2], device=q.device).abs().to(q.dtype)
     f = da_weight(dist, _per_head("alpha", alpha, q), _per_head("beta", beta, q))
     scores = torch.relu(q @ k.transpose(-2, -1)) * f * scale
@@ -833,8 +842,8 @@ def da_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha, beta,
 
 def da_attention_reference(q, k, v, alpha, beta, *, mask=None, causal=False, scale=None):
     """``da_attention`` entry by entry: a loop over ``(i, j)`` for the re-weighted scores. Returns ``(out, weights)``."""
-    _check_qkv(q, k, v)
-    scale = _resolve_scale(scale, q)
+    check_qkv(q, k, v)
+    scale = resolve_scale(scale, q.shape[-1])
     a, b = _per_head("alpha", alpha, q), _per_head("beta", beta, q)
     lq, lk = q.shape[-2], k.shape[-2]
     scores = q.new_zeros(*q.shape[:-1], lk)

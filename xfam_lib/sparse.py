@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .attention import (_check_block, _check_qkv, _compute_dtype, _resolve_scale, attention_with_lse, causal_mask,
+from .attention import (attention_with_lse, causal_mask,
                         merge_partials, scaled_dot_product_attention)
 from .positional import apply_rope
-from .utils import check_positive_int, check_tensor
+from .utils import check_block_size, check_positive_int, check_qkv, check_tensor, compute_dtype, resolve_scale
 
 __all__ = [
     "sliding_window_mask",
@@ -287,7 +287,7 @@ def expand_layout(layout: torch.Tensor, block_size: int) -> torch.Tensor:
     check_tensor("layout", layout, min_rank=2)
     if layout.dtype != torch.bool:
         raise TypeError(f"layout must be boolean (True = block is computed), got dtype {layout.dtype}")
-    block_size = _check_block("block_size", block_size)
+    block_size = check_block_size("block_size", block_size)
     return layout.repeat_interleave(block_size, dim=-2).repeat_interleave(block_size, dim=-1)
 
 
@@ -325,15 +325,15 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     is 0 next to any real key; every real query has at least itself). A length that is not a
     multiple of ``block_size`` is padded and cut back. fp16/bf16 computed in fp32, returned in their dtype.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     if k.shape[-2] != q.shape[-2]:
         raise ValueError(f"sliding_window_attention is self-attention and needs Lq == Lk, got q {tuple(q.shape)} "
                          f"and k {tuple(k.shape)}")
     window = _check_nonneg_int("window", window)
-    scale = _resolve_scale(scale, q)
-    chunk = None if block_size is None else _check_block("block_size", block_size)
+    scale = resolve_scale(scale, q.shape[-1])
+    chunk = None if block_size is None else check_block_size("block_size", block_size)
     in_dtype = q.dtype
-    work = _compute_dtype(in_dtype)
+    work = compute_dtype(in_dtype)
     out, _ = _sliding_window(*(t.to(work) for t in (q, k, v)), window, bool(causal), scale, chunk, with_lse=False)
     return out.to(in_dtype)
 
@@ -386,16 +386,16 @@ def longformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wind
     Then the ``G`` global queries' rows are replaced by full attention over all keys. Memory
     O(L · (window + G)). fp16/bf16 computed in fp32.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     length = q.shape[-2]
     if k.shape[-2] != length:
         raise ValueError(f"longformer_attention is self-attention and needs Lq == Lk, got q {tuple(q.shape)} "
                          f"and k {tuple(k.shape)}")
     window = _check_nonneg_int("window", window)
     g = _global_indices(global_idx, length, q.device).nonzero().flatten()
-    scale = _resolve_scale(scale, q)
+    scale = resolve_scale(scale, q.shape[-1])
     in_dtype = q.dtype
-    work = _compute_dtype(in_dtype)
+    work = compute_dtype(in_dtype)
     q, k, v = (t.to(work) for t in (q, k, v))
     out, lse = _sliding_window(q, k, v, window, False, scale, None, with_lse=True)
     if g.numel():
@@ -439,14 +439,14 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     shift-invariant), then the exponentials' sums and the weighted values are added into their
     query block with ``index_add``. fp16/bf16 are computed in fp32 and returned in their dtype.
     """
-    _check_qkv(q, k, v)
-    block_size = _check_block("block_size", block_size)
+    check_qkv(q, k, v)
+    block_size = check_block_size("block_size", block_size)
     l_q, l_k = q.shape[-2], k.shape[-2]
     n_q, n_k = -(-l_q // block_size), -(-l_k // block_size)
     _check_layout(layout, q, n_q, n_k, block_size)
-    scale = _resolve_scale(scale, q)
+    scale = resolve_scale(scale, q.shape[-1])
     in_dtype = q.dtype
-    work = _compute_dtype(in_dtype)
+    work = compute_dtype(in_dtype)
     d_k, d_v = q.shape[-1], v.shape[-1]
     layout = layout.to(q.device)
 
@@ -685,14 +685,14 @@ def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_blo
     query block attends only its key block, so the scores are ``(..., n, L/n, L/n)``: ``L²/n``
     entries. Equals `dense_masked_attention` with `blockwise_mask`. fp16/bf16 computed in fp32.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     if q.shape[-2] != k.shape[-2]:
         raise ValueError(f"blockwise_attention needs Lq == Lk, got q {tuple(q.shape)} and k {tuple(k.shape)}")
     size = _blockwise_size(q.shape[-2], n_blocks)
     p = _check_perm(perm, n_blocks).to(q.device)
-    scale = _resolve_scale(scale, q)
+    scale = resolve_scale(scale, q.shape[-1])
     in_dtype = q.dtype
-    work = _compute_dtype(in_dtype)
+    work = compute_dtype(in_dtype)
     qb, kb, vb = (t.to(work).unflatten(-2, (n_blocks, size)) for t in (q, k, v))      # (..., n, L/n, d)
     kb, vb = kb.index_select(-3, p), vb.index_select(-3, p)
     weights = torch.softmax(torch.matmul(qb, kb.transpose(-2, -1)) * scale, dim=-1)    # (..., n, L/n, L/n)
@@ -766,7 +766,7 @@ def lsh_hash(x: torch.Tensor, n_buckets: int, n_rounds: int = 1, seed: int = 0) 
     """
     check_tensor("x", x, min_rank=2, floating=True)
     rot = lsh_rotations(x.shape[-1], n_buckets, n_rounds, seed, device=x.device,
-                        dtype=_compute_dtype(x.dtype))
+                        dtype=compute_dtype(x.dtype))
     proj = torch.einsum("...ld,rdb->...rlb", x.to(rot.dtype), rot)                   # (..., R, L, b/2)
     return torch.cat([proj, -proj], dim=-1).argmax(dim=-1)
 
@@ -841,13 +841,13 @@ def lsh_attention(qk: torch.Tensor, v: torch.Tensor, n_buckets: int, chunk_len: 
     fp16/bf16 computed in fp32. `lsh_attention_reference` is the same computation with dense masks.
     """
     _check_shared_qk(qk, v)
-    chunk_len = _check_block("chunk_len", chunk_len)
+    chunk_len = check_block_size("chunk_len", chunk_len)
     n_rounds = check_positive_int("n_rounds", n_rounds)
     bk = _lsh_buckets(qk, n_buckets, n_rounds, seed, buckets)
     length, d_v = qk.shape[-2], v.shape[-1]
-    scale = _resolve_scale(scale, qk)
+    scale = resolve_scale(scale, qk.shape[-1])
     in_dtype = qk.dtype
-    work = _compute_dtype(in_dtype)
+    work = compute_dtype(in_dtype)
     qk, v = qk.to(work), v.to(work)
     keys = F.normalize(qk, dim=-1)
 
@@ -891,7 +891,7 @@ def lsh_attention_reference(qk: torch.Tensor, v: torch.Tensor, buckets: torch.Te
     check_tensor("qk", qk, rank=2, floating=True)
     check_tensor("buckets", buckets, rank=2)
     length = qk.shape[0]
-    scale = _resolve_scale(scale, qk)
+    scale = resolve_scale(scale, qk.shape[-1])
     scores = (qk @ F.normalize(qk, dim=-1).T) * scale
     scores = scores.masked_fill(torch.eye(length, dtype=torch.bool, device=qk.device), SELF_LOGIT)
     n_chunks = -(-length // chunk_len)
@@ -1010,7 +1010,7 @@ def routing_assign(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
     similarity, ``argmax_c <x/|x|, mu_c/|mu_c|>`` (nearest centroid on the unit sphere, M7.16)."""
     check_tensor("x", x, min_rank=1, floating=True)
     _check_centroids(x, centroids)
-    work = _compute_dtype(x.dtype)
+    work = compute_dtype(x.dtype)
     sim = F.normalize(x.to(work), dim=-1) @ F.normalize(centroids.to(work), dim=-1).T
     return sim.argmax(dim=-1)
 
@@ -1065,14 +1065,14 @@ def routing_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, centroi
     mean of its outputs, one routed to none gets zeros. Equals, per cluster, `dense_masked_attention`
     with the mask "query in the cluster and key in the cluster", averaged.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     _check_centroids(q, centroids)
     window = check_positive_int("window", window)
     if window > min(q.shape[-2], k.shape[-2]):
         raise ValueError(f"window={window} must be <= both lengths, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    scale = _resolve_scale(scale, q)
+    scale = resolve_scale(scale, q.shape[-1])
     in_dtype = q.dtype
-    work = _compute_dtype(in_dtype)
+    work = compute_dtype(in_dtype)
     q, k, v = (t.to(work) for t in (q, k, v))
     mu = F.normalize(centroids.to(work), dim=-1)
     n_c = mu.shape[0]
@@ -1159,7 +1159,7 @@ def dca_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pretrain_le
     (`attention_with_lse`), and the three partial results are combined exactly with `merge_partials`.
     `dca_attention_reference` builds every score ``q_i · R(M_ij) k_j`` in a loop instead.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     length = q.shape[-2]
     if k.shape[-2] != length:
         raise ValueError(f"dca_attention is causal self-attention and needs Lq == Lk, got q {tuple(q.shape)} "
@@ -1169,7 +1169,7 @@ def dca_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pretrain_le
                          f"{tuple(q.shape)} and k {tuple(k.shape)}")
     pretrain_len, chunk, local_window = _check_dca(pretrain_len, chunk, local_window)
     in_dtype = q.dtype
-    work = _compute_dtype(in_dtype)
+    work = compute_dtype(in_dtype)
     q, k, v = (t.to(work) for t in (q, k, v))
     k_rot = apply_rope(k, torch.arange(length, device=k.device) % chunk, base=base)
     outs, lses = [], []
@@ -1186,10 +1186,10 @@ def dca_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
     """`dca_attention` the slow way: for each query ``i``, rotate ``q_i`` by every relative position
     ``M[i, j]`` of `dca_position_matrix` and dot it with the unrotated ``k_j``
     (``<R(m) q, R(n) k> = <R(m - n) q, k>``), then causal softmax."""
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     length = q.shape[-2]
     rel = dca_position_matrix(length, pretrain_len, chunk, local_window, device=q.device)
-    scale = _resolve_scale(scale, q)
+    scale = resolve_scale(scale, q.shape[-1])
     rows = []
     for i in range(length):
         q_i = q[..., i:i + 1, :].expand(k.shape)                         # q_i repeated for every key

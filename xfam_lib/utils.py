@@ -5,6 +5,8 @@ This is the bottom of the library: it imports nothing from the rest of `xfam_lib
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 import os
 import random
 from dataclasses import dataclass
@@ -21,6 +23,12 @@ __all__ = [
     "check_tensor",
     "check_positive_int",
     "check_same_dtype",
+    "check_qkv",
+    "resolve_scale",
+    "check_broadcasts_to_scores",
+    "check_bias",
+    "BlockSizeError",
+    "check_block_size",
     "glue",
     "compute_dtype",
 ]
@@ -119,6 +127,73 @@ def check_same_dtype(**tensors: torch.Tensor) -> None:
     if len(set(dtypes.values())) > 1:
         seen = ", ".join(f"{n}={d}" for n, d in dtypes.items())
         raise TypeError(f"dtypes must match, got {seen}")
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, same_length: bool = False) -> None:
+    """Validate attention inputs ``q (..., Lq, d_k)``, ``k (..., Lk, d_k)``, ``v (..., Lk, d_v)``.
+
+    Floating tensors of rank >= 2 and one dtype, with the same leading dims; ``q`` and ``k`` share
+    ``d_k``; ``k`` and ``v`` share the key length. ``same_length=True`` (the recurrent forms, where
+    query ``t`` reads the state after key ``t``) also asks ``Lq == Lk > 0``. Errors name the shapes.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, min_rank=2, floating=True)
+    check_same_dtype(q=q, k=k, v=v)
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if not q.dim() == k.dim() == v.dim():
+        raise ValueError(f"q, k, v must have the same rank (..., L, d), got {shapes}")
+    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        raise ValueError(f"q, k, v must share their leading dims (e.g. batch, heads), got {shapes}")
+    if same_length:
+        if not q.shape[-2] == k.shape[-2] == v.shape[-2]:
+            raise ValueError(f"q, k, v must share the sequence length L (dim -2), got {shapes}")
+        if q.shape[-2] == 0:
+            raise ValueError(f"the sequence length L (dim -2) must be positive, got {shapes}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share the feature size d_k (dim -1), got {shapes}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must share the key length (dim -2), got {shapes}")
+
+
+def resolve_scale(scale, d_k: int) -> float:
+    """The score scale: ``1/sqrt(d_k)`` for ``None``, else ``scale``, a positive finite real number."""
+    scale = 1.0 / math.sqrt(d_k) if scale is None else scale
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    return float(scale)
+
+
+def check_broadcasts_to_scores(name: str, t: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
+    """``t`` must broadcast to the scores ``(..., Lq, Lk)`` without enlarging them (no extra or larger batch dims)."""
+    scores = tuple(q.shape[:-2]) + (q.shape[-2], k.shape[-2])
+    try:
+        ok = torch.broadcast_shapes(t.shape, scores) == scores
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} of shape {tuple(t.shape)} must broadcast to the scores {scores} (q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}) without enlarging them")
+
+
+def check_bias(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> None:
+    """``bias`` is None or a floating tensor that broadcasts to the scores of ``q`` and ``k``."""
+    if bias is not None:
+        check_tensor("bias", bias, floating=True)
+        check_broadcasts_to_scores("bias", bias, q, k)
+
+
+class BlockSizeError(ValueError, TypeError):
+    """A bad block size: raised for non-positive *and* non-integer sizes (like NumPy's ``AxisError``,
+    it is both a ``ValueError`` and a ``TypeError``, so either ``except`` catches it)."""
+
+
+def check_block_size(name: str, value) -> int:
+    """Return ``value`` if it is a positive int; otherwise raise `BlockSizeError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise BlockSizeError(f"{name} must be a positive int, got {value!r} of type {type(value).__name__}")
+    if value <= 0:
+        raise BlockSizeError(f"{name} must be a positive int, got {value}")
+    return int(value)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -348,3 +348,57 @@ WRONG_ANSWERS = {
         "no_scale": ({"gla_parallel": gla_parallel_no_scale}, "max abs error"),
     },
 }
+
+
+# ----------------------------------------------------------------------------- q5a: linformer
+def linformer_no_scale(q, k, v, E, F):
+    return torch.softmax(q @ (E @ k).transpose(-2, -1), dim=-1) @ (F @ v)
+
+
+def linformer_softmax_over_queries(q, k, v, E, F):
+    return torch.softmax(q @ (E @ k).transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-2) @ (F @ v)
+
+
+def linformer_E_for_values(q, k, v, E, F):
+    return torch.softmax(q @ (E @ k).transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ (E @ v)
+
+
+# ----------------------------------------------------------------------------- q5b: retention_chunk
+def _retention_chunk(q, k, v, gamma, chunk_size, *, read_power=1, decay_state=True):
+    S = q.new_zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]))
+    outs = []
+    for start in range(0, q.shape[-2], chunk_size):
+        qc, kc, vc = (x[..., start:start + chunk_size, :] for x in (q, k, v))
+        C = qc.shape[-2]
+        i = torch.arange(C, dtype=q.dtype)
+        mask = torch.where(i[:, None] >= i[None, :], gamma ** (i[:, None] - i[None, :]).clamp_min(0), 0.0)
+        outs.append((qc @ kc.transpose(-2, -1) * mask) @ vc + (gamma ** (i + read_power))[:, None] * (qc @ S))
+        S = (gamma ** C if decay_state else 1.0) * S + (kc * (gamma ** (C - 1 - i))[:, None]).transpose(-2, -1) @ vc
+    return torch.cat(outs, dim=-2)
+
+
+def retention_state_read_one_step_late(q, k, v, gamma, chunk_size):
+    return _retention_chunk(q, k, v, gamma, chunk_size, read_power=0)      # gamma^i' instead of gamma^(i'+1)
+
+
+def retention_state_not_decayed(q, k, v, gamma, chunk_size):
+    return _retention_chunk(q, k, v, gamma, chunk_size, decay_state=False)
+
+
+def retention_parallel_form(q, k, v, gamma, chunk_size):
+    L = q.shape[-2]
+    i = torch.arange(L, dtype=q.dtype)
+    D = torch.where(i[:, None] >= i[None, :], gamma ** (i[:, None] - i[None, :]).clamp_min(0), 0.0)
+    return (q @ k.transpose(-2, -1) * D) @ v                                 # right values, an L x L matrix
+
+
+WRONG_ANSWERS["q5a"] = {
+    "off_by_one": ({"linformer": linformer_no_scale}, "max abs error"),
+    "softmax_over_queries": ({"linformer": linformer_softmax_over_queries}, "max abs error"),
+    "E_for_values": ({"linformer": linformer_E_for_values}, "max abs error"),
+}
+WRONG_ANSWERS["q5b"] = {
+    "off_by_one": ({"retention_chunk": retention_state_read_one_step_late}, "max abs error"),
+    "state_not_decayed": ({"retention_chunk": retention_state_not_decayed}, "max abs error"),
+    "parallel_form": ({"retention_chunk": retention_parallel_form}, "L x L"),
+}
