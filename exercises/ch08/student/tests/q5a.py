@@ -8,7 +8,7 @@ points = [0]
 @test_case(points=None, hidden=False)
 def test_q5a_public(linformer):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         lead, L, d, r = (tuple(p['leading dims']), p['L'], p['d'], p['r'])

@@ -8,7 +8,7 @@ points = [0]
 @test_case(points=None, hidden=False)
 def test_q5b_public(retention_chunk):
     import torch
-    from xfam_lib.grading import check_cases
+    from xfam_grading import check_cases
 
     def make_case(p):
         shape = tuple(p['leading dims']) + (p['L'],)
