@@ -193,6 +193,18 @@ def _call_student(fn: Callable[[Any], Any], case: Any, limit: float | None) -> t
         return False, f"your code raised {type(exc).__name__}{': ' + text if text else ''}{_student_frame_note(exc)}"
 
 
+def _student_output(fn: Callable[[Any], Any], case: Any, limit: float | None) -> tuple[bool, Any, bool]:
+    """``(ok, output as plain data or a message, timed out)`` of one call of the student's code."""
+    ok, got = _call_student(fn, case, limit)
+    timed_out = not ok and got.startswith(_TIMEOUT)
+    if ok:
+        try:
+            got = _plain(got, "output")
+        except ValueError as exc:
+            ok, got = False, str(exc)
+    return ok, got, timed_out
+
+
 def _judge_case(compare, case: Any, got: Any, expected: Any) -> list[str]:
     """Problems of one case's output: non-finite values where the reference is finite, then the comparison."""
     problems = nonfinite_problems(got, expected)
@@ -275,14 +287,9 @@ def check_cases(label: str, *, params: Iterable[dict], make_case: Callable[[dict
             if stuck:                      # an endless loop would only time out again: skip the rest
                 failures.append((param, [stuck]))
                 continue
-            ok, got = _call_student(submission, _build(make_case, param), limit)
-            if not ok and got.startswith(_TIMEOUT):
+            ok, got, timed_out = _student_output(submission, _build(make_case, param), limit)
+            if timed_out:
                 stuck = got
-            if ok:
-                try:
-                    got = _plain(got, "output")
-                except ValueError as exc:
-                    ok, got = False, str(exc)
             if not ok:
                 failures.append((param, [got]))
                 continue

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from .channel import _Replies, _read_exactly, _unpack
-from .checks import _TIMEOUT, SubmissionTimeout, _call_student, _plain, time_limit
+from .checks import _TIMEOUT, SubmissionTimeout, _student_output, time_limit
 from .guard import _Guard
 from .sandbox import _sandbox
 
@@ -59,14 +59,9 @@ def run_task(spec: dict, env: dict, guard: _Guard | None) -> dict:
                 results.append({"ok": False, "error": stuck})
                 continue
             _reset_torch_state()
-            ok, value = _call_student(adapter, case, spec["limit"])
-            if not ok and value.startswith(_TIMEOUT):
+            ok, value, timed_out = _student_output(adapter, case, spec["limit"])
+            if timed_out:
                 stuck = value
-            if ok:
-                try:
-                    value = _plain(value, "output")
-                except ValueError as exc:
-                    ok, value = False, str(exc)
             results.append({"ok": True, "value": value} if ok else {"ok": False, "error": str(value)})
     violations = list(guard.violations.get(spec["question"], [])) if guard else []
     return {"id": spec["id"], "results": results, "violations": violations, "missing": []}
