@@ -57,6 +57,7 @@ def add_captions(doctree: nodes.document) -> None:
         image = images[-1]
         image["alt"] = _alt_text(paragraph)
         figure = nodes.figure("", classes=["xfam-figure"])
+        doctree.set_id(figure)  # a numbered figure needs an id (Sphinx warns "Any IDs not assigned")
         image.replace_self(figure)
         figure += image
         figure += nodes.caption("", "", *paragraph.children)
