@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .utils import check_positive_int, check_qkv, check_tensor, resolve_scale
+from .utils import broadcasts_to, check_positive_int, check_qkv, check_tensor, resolve_scale
 from .utils import compute_dtype as _compute_dtype
 
 __all__ = [
@@ -435,11 +435,7 @@ def retention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma, *, mode:
     cdtype = _compute_dtype(q.dtype)
     if isinstance(gamma, torch.Tensor):
         check_tensor("gamma", gamma, floating=True)
-        try:
-            ok_shape = torch.broadcast_shapes(gamma.shape, lead) == lead
-        except RuntimeError:
-            ok_shape = False
-        if not ok_shape:
+        if not broadcasts_to(gamma.shape, lead):
             raise ValueError(f"gamma must broadcast to the leading dims of q {tuple(lead)} (e.g. (H,) per head), "
                              f"got shape {tuple(gamma.shape)} for q {tuple(q.shape)}")
         if not bool(((gamma > 0) & (gamma <= 1)).all()):

@@ -24,7 +24,7 @@ from torch import nn
 from .attention import causal_mask, repeat_kv, scaled_dot_product_attention
 from .positional import XLRelativeAttention, xl_relative_scores
 from .transformer import FeedForward
-from .utils import check_positive_int, check_tensor
+from .utils import broadcasts_to, check_positive_int, check_tensor
 from .utils import compute_dtype as _compute_dtype
 
 __all__ = [
@@ -570,11 +570,7 @@ def knn_augmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
         raise ValueError(f"mem_k (..., M, d) and mem_v (..., M, d_v) must have q's leading dims and v's d_v: "
                          f"q {tuple(q.shape)}, v {tuple(v.shape)}, mem_k {tuple(mem_k.shape)}, mem_v {tuple(mem_v.shape)}")
     lead = q.shape[:-2]
-    try:
-        gate_ok = torch.broadcast_shapes(gate_logit.shape, lead) == lead
-    except RuntimeError:
-        gate_ok = False
-    if not gate_ok:
+    if not broadcasts_to(gate_logit.shape, lead):
         raise ValueError(f"gate_logit must broadcast to the leading dims {tuple(lead)} (e.g. (H,)), "
                          f"got {tuple(gate_logit.shape)}")
     in_dtype = q.dtype

@@ -23,7 +23,7 @@ from torch import nn
 
 from .attention import (KVCache, _combined_mask, _masked_softmax, causal_mask, repeat_kv,
                         scaled_dot_product_attention)
-from .utils import check_bias, check_positive_int, check_qkv, check_tensor, compute_dtype, resolve_scale
+from .utils import broadcasts_to, check_bias, check_positive_int, check_qkv, check_tensor, compute_dtype, resolve_scale
 
 __all__ = [
     # absolute
@@ -538,11 +538,7 @@ def _check_xl(q, k, r, u, v):
     for name, t in (("u", u), ("v", v)):
         check_tensor(name, t, min_rank=1, floating=True)
         lead = q.shape[:-2]
-        try:
-            fits = torch.broadcast_shapes(t.shape[:-1], lead) == lead
-        except RuntimeError:
-            fits = False
-        if not fits:
+        if not broadcasts_to(t.shape[:-1], lead):
             raise ValueError(f"{name}'s leading dims must broadcast to those of q {tuple(lead)} (e.g. (H, d) for one "
                              f"vector per head), got {name} {tuple(t.shape)} and q {tuple(q.shape)}")
     lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]

@@ -25,6 +25,7 @@ __all__ = [
     "check_same_dtype",
     "check_qkv",
     "resolve_scale",
+    "broadcasts_to",
     "check_broadcasts_to_scores",
     "check_bias",
     "BlockSizeError",
@@ -163,14 +164,18 @@ def resolve_scale(scale, d_k: int) -> float:
     return float(scale)
 
 
+def broadcasts_to(shape, target) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` without enlarging it (no extra or larger dims)."""
+    try:
+        return torch.broadcast_shapes(tuple(shape), tuple(target)) == tuple(target)
+    except RuntimeError:
+        return False
+
+
 def check_broadcasts_to_scores(name: str, t: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
     """``t`` must broadcast to the scores ``(..., Lq, Lk)`` without enlarging them (no extra or larger batch dims)."""
     scores = tuple(q.shape[:-2]) + (q.shape[-2], k.shape[-2])
-    try:
-        ok = torch.broadcast_shapes(t.shape, scores) == scores
-    except RuntimeError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(t.shape, scores):
         raise ValueError(f"{name} of shape {tuple(t.shape)} must broadcast to the scores {scores} (q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}) without enlarging them")
 
