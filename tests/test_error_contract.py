@@ -98,7 +98,7 @@ BAD = [
      ValueError, "delta * A != 2"),
     ("scaled_dot_product_attention, scale='abc'",
      lambda: scaled_dot_product_attention(q4, k4, v4, scale="abc"), ValueError, "scale must be"),
-    ("linear_attention, scale='abc'", lambda: gated_linear_attention(q4, k4, v4, -torch.ones(1, 2, 10, 8),
+    ("gated_linear_attention, scale='abc'", lambda: gated_linear_attention(q4, k4, v4, -torch.ones(1, 2, 10, 8),
                                                                      scale="abc"),
      ValueError, "scale must be"),
     ("dca_attention, odd head size", lambda: dca_attention(rand(1, 2, 16, 7), rand(1, 2, 16, 7),

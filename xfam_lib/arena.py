@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import KVCache, scaled_dot_product_attention
-from .linear import (_performer_features, elu_feature_map, gated_linear_attention, linear_attention,
+from .linear import (_gla_recurrent, _performer_features, elu_feature_map, gated_linear_attention, linear_attention,
                      performer_attention, positive_random_features)
 from .sparse import sliding_window_attention
 from .ssm import MambaBlock, S4DLayer
@@ -209,21 +209,13 @@ def init_decode_state(mixer: nn.Module, batch: int, max_len: int, *, device=None
     return torch.zeros(batch, H, d_phi, dh + (mixer.family != "gla"), device=device, dtype=dtype)
 
 
-def _gla_step(q, k, v, log_g, S, scale: float):
-    """One step of GLA's recurrence, ``S <- diag(g) S + k^T v``, ``y = scale q S``.
-
-    ``q, k, log_g (B, H, 1, d_k)``, ``v (B, H, 1, d_v)``, ``S (B, H, d_k, d_v)``. The inputs come from the
-    model itself, so nothing is validated here: checking the gates' values would make the host wait
-    for a GPU at every token (`linear.gated_linear_attention` checks them on whole sequences).
-    """
-    S = log_g.exp().transpose(-1, -2) * S + k.transpose(-1, -2) @ v
-    return scale * (q @ S), S
-
-
+# The one-token steps call GLA's recurrence (`linear._gla_recurrent`) directly, not
+# `gated_linear_attention`: the inputs come from the model itself, and checking the gates' values
+# would make the host wait for a GPU at every token (the public function checks whole sequences).
 def _linear_step(fq, fk, v, S, eps: float):
     """Linear attention's recurrent step on features: GLA's step with gate 1, ``v`` extended by a 1."""
     v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
-    out, S = _gla_step(fq, fk, v1, torch.zeros_like(fk), S, 1.0)
+    out, S = _gla_recurrent(fq, fk, v1, torch.zeros_like(fk), S)
     return out[..., :-1] / (out[..., -1:] + eps), S
 
 
@@ -259,7 +251,7 @@ def mixer_step(mixer: nn.Module, x_t: torch.Tensor, state):
         y, state = _linear_step(elu_feature_map(q), elu_feature_map(k), v, state, 1e-6)
     elif mixer.family == "gla":
         log_g = (F.logsigmoid(mixer.gate(x_t)) / _GLA_TEMPERATURE).view(B, mixer.n_heads, 1, -1)
-        y, state = _gla_step(q, k, v, log_g, state, q.shape[-1] ** -0.5)
+        y, state = _gla_recurrent(q * q.shape[-1] ** -0.5, k, v, log_g, state)
     else:                                       # FAVOR+ features of q, k scaled by d_h^(-1/4), as performer_attention
         W = _performer_features(mixer.n_features, q.shape[-1], mixer.seed, True, q.device, q.dtype)
         root = q.shape[-1] ** -0.25
