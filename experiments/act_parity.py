@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from xfam_lib.experiments import train_parity
 
@@ -40,7 +41,7 @@ def main() -> None:
     config = {"n_bits": args.n_bits, "hidden": 128, "max_steps": 12, "tau": args.tau, "steps": args.steps,
               "batch": 128, "lr": args.lr, "threshold": 0.99, "seeds": args.seeds}
     start, per_seed = time.time(), []
-    for seed in args.seeds:
+    for seed in tqdm(args.seeds, desc="parity (ACT), seeds", unit="run"):
         per_seed.append(train_parity(args.n_bits, config["hidden"], config["max_steps"], args.tau, args.steps,
                                      config["batch"], config["lr"], seed))
         print(f"seed {seed}: ponder by difficulty " + " ".join(f"{p:.2f}" for p in per_seed[-1]["ponder"])

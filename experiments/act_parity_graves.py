@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from xfam_lib.experiments import train_parity
 
@@ -96,7 +97,7 @@ def main() -> None:
     jobs = [(s, seed) for s in todo for seed in SEEDS]
     start = time.time()
     with Pool(args.jobs) as pool:
-        results = pool.map(run_one, jobs, chunksize=1)
+        results = list(tqdm(pool.imap(run_one, jobs, chunksize=1), total=len(jobs), desc="parity (Graves)", unit="run"))
     if args.append and args.out.exists():             # re-read: another invocation may have added rounds meanwhile
         saved = json.loads(args.out.read_text())
     for i, setting in enumerate(todo):

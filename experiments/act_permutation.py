@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from xfam_lib.experiments import train_permutation_act
 
@@ -36,7 +37,7 @@ def main() -> None:
     config = {"n_items": 16, "max_k": 6, "hidden": 32, "max_steps": 12, "tau": args.tau, "steps": args.steps,
               "batch": 128, "lr": 3e-3}
     start, per_seed = time.time(), []
-    for seed in args.seeds:
+    for seed in tqdm(args.seeds, desc="permutation (ACT), seeds", unit="run"):
         per_seed.append(train_permutation_act(**config, seed=seed))
         print(f"seed {seed}: ponder by k " + " ".join(f"{p:.2f}" for p in per_seed[-1]["ponder"])
               + " | accuracy " + " ".join(f"{a:.2f}" for a in per_seed[-1]["accuracy"]), flush=True)

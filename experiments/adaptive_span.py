@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from xfam_lib.experiments import train_spans
 
@@ -51,7 +52,7 @@ def main() -> None:
               "length": 32, "ramp": 4, "init_span": 16.0, "coef": 3e-3, "steps": args.steps, "batch": 32,
               "lr": 3e-3, "span_lr": args.span_lr}
     start, runs = time.time(), []
-    for seed in args.seeds:
+    for seed in tqdm(args.seeds, desc="adaptive span, seeds", unit="run"):
         runs.append(train_spans(**config, seed=seed))
         print(f"seed {seed}: spans " + " | ".join(" ".join(f"{z:.1f}" for z in layer) for layer in runs[-1]["spans"])
               + f"  loss {runs[-1]['final_loss']:.3f}", flush=True)

@@ -11,8 +11,10 @@ Usage: ``python experiments/gru_mqar.py`` (about a minute on one CPU core; ``--q
 from __future__ import annotations
 
 import time
+from itertools import product
 
 import torch
+from tqdm import tqdm
 
 from xfam_lib.arena import TASKS, train_arena, width_for_budget
 
@@ -29,16 +31,15 @@ def main() -> None:
         cfg = quick(cfg)
     torch.set_num_threads(args.threads)
     start, runs = time.perf_counter(), []
-    for seed in cfg["seeds"]:
-        for size in cfg["sizes"]:
-            vocab = 4 * size + 2
-            seq_len = TASKS["mqar"](1, size, vocab, torch.Generator().manual_seed(0), "cpu")[0].shape[1]
-            width = width_for_budget("gru", cfg["budget"], vocab=vocab, max_len=seq_len)
-            r = train_arena("gru", "mqar", size, vocab=vocab, d_model=width, steps=cfg["steps"], batch=cfg["batch"],
-                            lr=cfg["lr"], seed=seed)
-            runs.append({"family": "gru", "size": size, "seed": seed, "d_model": width, **r})
-            print(f"gru size {size:3d} seed {seed}: accuracy {r['accuracy']:.3f}, {r['params']} params, "
-                  f"state {r['state_bytes']} B ({time.perf_counter() - start:.0f} s)", flush=True)
+    for seed, size in tqdm(list(product(cfg["seeds"], cfg["sizes"])), desc="GRU on MQAR", unit="run"):
+        vocab = 4 * size + 2
+        seq_len = TASKS["mqar"](1, size, vocab, torch.Generator().manual_seed(0), "cpu")[0].shape[1]
+        width = width_for_budget("gru", cfg["budget"], vocab=vocab, max_len=seq_len)
+        r = train_arena("gru", "mqar", size, vocab=vocab, d_model=width, steps=cfg["steps"], batch=cfg["batch"],
+                        lr=cfg["lr"], seed=seed)
+        runs.append({"family": "gru", "size": size, "seed": seed, "d_model": width, **r})
+        print(f"gru size {size:3d} seed {seed}: accuracy {r['accuracy']:.3f}, {r['params']} params, "
+              f"state {r['state_bytes']} B ({time.perf_counter() - start:.0f} s)", flush=True)
     save_result(args.out, {"name": "gru_mqar", "task": "mqar", "config": {**cfg, "family": "gru"}, "runs": runs,
                            "recipe_from": recipe_from()},
                 threads=args.threads, start=start)

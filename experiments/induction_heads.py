@@ -17,8 +17,10 @@ import json
 import platform
 import time
 from pathlib import Path
+from itertools import product
 
 import torch
+from tqdm import tqdm
 
 from xfam_lib.experiments import induction_heads_run
 
@@ -44,15 +46,14 @@ def main() -> None:
     acc = {k: {str(L): [] for L in args.test_lens} for k in args.kinds}
     curves = {k: [] for k in args.kinds}
     chance = None
-    for kind in args.kinds:
-        for seed in args.seeds:
-            r = induction_heads_run(kind, test_lens=args.test_lens, seed=seed, **cfg)
-            for L, a in r["accuracy"].items():
-                acc[kind][str(L)].append(a)
-            curves[kind].append([sum(r["losses"][i:i + every]) / every for i in range(0, cfg["steps"], every)])
-            chance = r["chance"]
-            print(f"{kind:5s} seed {seed}: " + ", ".join(f"L={L}: {a:.3f}" for L, a in r["accuracy"].items())
-                  + f" ({time.perf_counter() - start:.0f} s)", flush=True)
+    for kind, seed in tqdm(list(product(args.kinds, args.seeds)), desc="induction heads", unit="run"):
+        r = induction_heads_run(kind, test_lens=args.test_lens, seed=seed, **cfg)
+        for L, a in r["accuracy"].items():
+            acc[kind][str(L)].append(a)
+        curves[kind].append([sum(r["losses"][i:i + every]) / every for i in range(0, cfg["steps"], every)])
+        chance = r["chance"]
+        print(f"{kind:5s} seed {seed}: " + ", ".join(f"L={L}: {a:.3f}" for L, a in r["accuracy"].items())
+              + f" ({time.perf_counter() - start:.0f} s)", flush=True)
     result = {
         "config": {**cfg, "kinds": args.kinds, "seeds": args.seeds, "test_lens": args.test_lens, "eval_batch": 256},
         "chance": chance,

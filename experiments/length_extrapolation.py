@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from xfam_lib.experiments import length_extrapolation
 
@@ -75,7 +76,7 @@ def main() -> None:
 
     start = time.perf_counter()
     runs = []
-    for seed in args.seeds:
+    for seed in tqdm(args.seeds, desc="length extrapolation, seeds", unit="run"):
         t0 = time.perf_counter()
         res = length_extrapolation(KINDS, train_len=args.train_len, factors=(1, 2, 4, 8), steps=args.steps,
                                    batch=32, d_model=args.d_model, n_layers=2, n_heads=4, lr=3e-3, seed=seed,

@@ -20,8 +20,10 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from itertools import product
 
 import torch
+from tqdm import tqdm
 
 from xfam_lib.experiments import train_recall
 
@@ -45,14 +47,12 @@ def main() -> None:
     start = time.perf_counter()
     acc = {m: {str(n): [] for n in args.pairs} for m in mixers}
     curves = {m: {str(n): [] for n in args.pairs} for m in mixers}
-    for n in args.pairs:
-        for mixer in mixers:
-            for seed in args.seeds:
-                a, losses = train_recall(mixer, n, seed=seed, **cfg)
-                acc[mixer][str(n)].append(a)
-                curves[mixer][str(n)].append(losses[::10])
-                print(f"pairs {n:3d} {mixer:8s} seed {seed}: accuracy {a:.3f} ({time.perf_counter() - start:.0f} s)",
-                      flush=True)
+    for n, mixer, seed in tqdm(list(product(args.pairs, mixers, args.seeds)), desc="recall", unit="run"):
+        a, losses = train_recall(mixer, n, seed=seed, **cfg)
+        acc[mixer][str(n)].append(a)
+        curves[mixer][str(n)].append(losses[::10])
+        print(f"pairs {n:3d} {mixer:8s} seed {seed}: accuracy {a:.3f} ({time.perf_counter() - start:.0f} s)",
+              flush=True)
     result = {
         "config": {**cfg, "seeds": args.seeds, "pairs": args.pairs, "mixers": list(mixers),
                    "d_head": cfg["d_model"] // cfg["n_heads"], "vocab": "4 * pairs + 2"},

@@ -17,8 +17,10 @@ import json
 import platform
 import time
 from pathlib import Path
+from itertools import product
 
 import torch
+from tqdm import tqdm
 
 from xfam_lib.experiments import selective_copying_run
 
@@ -43,13 +45,12 @@ def main() -> None:
     acc = {k: [] for k in args.kinds}
     curves = {k: [] for k in args.kinds}
     chance = None
-    for kind in args.kinds:
-        for seed in args.seeds:
-            r = selective_copying_run(kind, seed=seed, **cfg)
-            acc[kind].append(r["accuracy"])
-            curves[kind].append([sum(r["losses"][i:i + every]) / every for i in range(0, cfg["steps"], every)])
-            chance = r["chance"]
-            print(f"{kind:5s} seed {seed}: accuracy {r['accuracy']:.3f} ({time.perf_counter() - start:.0f} s)", flush=True)
+    for kind, seed in tqdm(list(product(args.kinds, args.seeds)), desc="selective copying", unit="run"):
+        r = selective_copying_run(kind, seed=seed, **cfg)
+        acc[kind].append(r["accuracy"])
+        curves[kind].append([sum(r["losses"][i:i + every]) / every for i in range(0, cfg["steps"], every)])
+        chance = r["chance"]
+        print(f"{kind:5s} seed {seed}: accuracy {r['accuracy']:.3f} ({time.perf_counter() - start:.0f} s)", flush=True)
     result = {
         "config": {**cfg, "kinds": args.kinds, "seeds": args.seeds, "eval_batch": 256},
         "chance": chance,

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from xfam_lib.experiments import train_sink_lm
 
@@ -35,7 +36,8 @@ def main() -> None:
         args.seeds, args.steps = args.seeds[:1], 40
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    runs = [train_sink_lm(seed=s, steps=args.steps) for s in args.seeds]
+    seeds = tqdm(args.seeds, desc="attention sinks, seeds", unit="run")
+    runs = [train_sink_lm(seed=s, steps=args.steps) for s in seeds]
     result = {"seeds": args.seeds, "runs": runs, "minutes": (time.perf_counter() - start) / 60,
               "machine": {"torch": torch.__version__, "threads": args.threads, "python": platform.python_version()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)

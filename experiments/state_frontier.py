@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 import torch
+from tqdm import tqdm
 
 from xfam_lib.arena import TASKS, train_arena, width_for_budget
 
@@ -39,15 +40,15 @@ def main() -> None:
     pairs, vocab = cfg["pairs"], 4 * cfg["pairs"] + 2
     seq_len = TASKS["mqar"](1, pairs, vocab, torch.Generator().manual_seed(0), "cpu")[0].shape[1]
     start, runs = time.perf_counter(), []
-    for seed in cfg["seeds"]:
-        for family, (knob, values) in KNOBS.items():
-            for value in values:
-                width = width_for_budget(family, cfg["budget"], vocab=vocab, max_len=seq_len, **{knob: value})
-                r = train_arena(family, "mqar", pairs, vocab=vocab, d_model=width, steps=cfg["steps"],
-                                batch=cfg["batch"], lr=cfg["lr"], seed=seed, **{knob: value})
-                runs.append({"family": family, "knob": knob, "value": value, "seed": seed, "d_model": width, **r})
-                print(f"{family:15s} {knob} {value:4d} seed {seed}: accuracy {r['accuracy']:.3f}, {r['params']} params, "
-                      f"state {r['state_bytes']} B ({time.perf_counter() - start:.0f} s)", flush=True)
+    settings = [(seed, family, knob, value) for seed in cfg["seeds"]
+                for family, (knob, values) in KNOBS.items() for value in values]
+    for seed, family, knob, value in tqdm(settings, desc="state frontier", unit="run"):
+        width = width_for_budget(family, cfg["budget"], vocab=vocab, max_len=seq_len, **{knob: value})
+        r = train_arena(family, "mqar", pairs, vocab=vocab, d_model=width, steps=cfg["steps"],
+                        batch=cfg["batch"], lr=cfg["lr"], seed=seed, **{knob: value})
+        runs.append({"family": family, "knob": knob, "value": value, "seed": seed, "d_model": width, **r})
+        print(f"{family:15s} {knob} {value:4d} seed {seed}: accuracy {r['accuracy']:.3f}, {r['params']} params, "
+              f"state {r['state_bytes']} B ({time.perf_counter() - start:.0f} s)", flush=True)
     save_result(args.out, {"name": "state_frontier", "task": "mqar", "config": {**cfg, "knobs": KNOBS}, "runs": runs,
                            "recipe_from": recipe_from(),
                            "seq_len": seq_len},

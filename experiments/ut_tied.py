@@ -25,8 +25,10 @@ Usage: ``python experiments/ut_tied.py`` (about 10 minutes on one CPU core; ``--
 from __future__ import annotations
 
 import time
+from itertools import product
 
 import torch
+from tqdm import tqdm
 
 from xfam_lib.experiments import train_ut_seq2seq
 
@@ -49,17 +51,15 @@ def main() -> None:
     train_kw = {k: cfg[k] for k in ("length", "vocab", "d_model", "n_heads", "d_ff", "steps", "batch", "lr", "warmup",
                                     "eval_batch")}
     start, runs = time.perf_counter(), []
-    for seed in cfg["seeds"]:
-        for task in cfg["tasks"]:
-            for T in cfg["depths"]:
-                for tied in (True, False):
-                    t0 = time.perf_counter()
-                    r = train_ut_seq2seq(task, T, tied=tied, seed=seed, **train_kw)
-                    runs.append({"task": task, "T": T, "tied": tied, "seed": seed, **r,
-                                 "seconds": round(time.perf_counter() - t0, 1)})
-                    print(f"seed {seed} {task:7s} T={T} {'tied  ' if tied else 'untied'}: accuracy {r['accuracy']:.4f}, "
-                          f"{r['params']} params, final loss {r['final_loss']:.3f} "
-                          f"({time.perf_counter() - start:.0f} s)", flush=True)
+    settings = list(product(cfg["seeds"], cfg["tasks"], cfg["depths"], (True, False)))
+    for seed, task, T, tied in tqdm(settings, desc="tied vs untied depth", unit="run"):
+        t0 = time.perf_counter()
+        r = train_ut_seq2seq(task, T, tied=tied, seed=seed, **train_kw)
+        runs.append({"task": task, "T": T, "tied": tied, "seed": seed, **r,
+                     "seconds": round(time.perf_counter() - t0, 1)})
+        print(f"seed {seed} {task:7s} T={T} {'tied  ' if tied else 'untied'}: accuracy {r['accuracy']:.4f}, "
+              f"{r['params']} params, final loss {r['final_loss']:.3f} "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
     save_result(args.out, {"name": "ut_tied", "config": {**cfg, "chance": 1 / (cfg["vocab"] - 2)}, "runs": runs},
                 threads=args.threads, start=start)
 

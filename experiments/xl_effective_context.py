@@ -19,8 +19,10 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from itertools import product
 
 import torch
+from tqdm import tqdm
 
 from xfam_lib.experiments import xl_delayed_copy
 from xfam_lib.memory import temporal_range
@@ -45,14 +47,13 @@ def main() -> None:
     start = time.perf_counter()
     acc = {str(m): {str(dl): [] for dl in args.delays} for m in args.mem_lens}
     curves = {str(m): {str(dl): [] for dl in args.delays} for m in args.mem_lens}
-    for m in args.mem_lens:
-        for dl in args.delays:
-            for seed in args.seeds:
-                a, losses = xl_delayed_copy(m, dl, seed=seed, **cfg)
-                acc[str(m)][str(dl)].append(a)
-                curves[str(m)][str(dl)].append(losses[::10])
-                print(f"mem_len {m:3d} delay {dl:3d} seed {seed}: accuracy {a:.3f} "
-                      f"({time.perf_counter() - start:.0f} s)", flush=True)
+    settings = list(product(args.mem_lens, args.delays, args.seeds))
+    for m, dl, seed in tqdm(settings, desc="XL effective context", unit="run"):
+        a, losses = xl_delayed_copy(m, dl, seed=seed, **cfg)
+        acc[str(m)][str(dl)].append(a)
+        curves[str(m)][str(dl)].append(losses[::10])
+        print(f"mem_len {m:3d} delay {dl:3d} seed {seed}: accuracy {a:.3f} "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
     result = {
         "config": {**cfg, "n_heads": 2, "seeds": args.seeds, "mem_lens": args.mem_lens, "delays": args.delays,
                    "eval_segments": 8, "eval_batch": 64},

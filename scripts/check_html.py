@@ -5,14 +5,16 @@ its maths (the DOM holds ``mjx-container`` elements and no raw ``$$``/``\\[``/``
 Markdown table is left as pipe text; figures are present (``<img>`` under ``_images/`` whose files
 exist); no cell shows a traceback; no ipywidget (controls or a progress bar that cannot work
 without a kernel) is left on the page; the Colab launch link points at the chapter's ``.ipynb``
-and every other Colab link at a notebook in the repository. It also reports, without failing,
-how many figures lack a caption, have a file path as alt text, or are shown below 70% of their
-width. Writes a JUnit report so `make test` can count the checks.
+and every other Colab link at a notebook in the repository; every figure has a caption and a real alt text and is shown at 70% of its width or more (the
+column is 676 px wide at this window size: a figure drawn wider than about 9.6 in at 100 dpi is
+scaled down until its text is too small to read). Writes a JUnit report so `make test` can count
+the checks. Without chromium the check is skipped, except under CI.
 """
 from __future__ import annotations
 
 import argparse
 import html
+import os
 import re
 import shutil
 import subprocess
@@ -82,6 +84,13 @@ def check_page(dom: str, page: Path, *, chapter: bool, maths: bool = True,
     if "application/vnd.jupyter.widget-view+json" in dom or "jupyter-widgets" in body:
         problems.append("an ipywidget (controls or a progress bar) is on the static page, where it cannot work")
     figures.update(figure_report(dom))
+    if figures["uncaptioned"]:
+        problems.append(f"{figures['uncaptioned']} of {figures['images']} figures have no caption")
+    if figures["below 70%"]:
+        problems.append(f"{figures['below 70%']} figures shown below 70% of their width, too small to read "
+                        f"(image number: share shown) {figures['smallest (image number: shown)']}")
+    if figures["alt is a path"]:
+        problems.append(f"{figures['alt is a path']} figures have a file path as alt text")
     if chapter:
         images = re.findall(r'<img[^>]+src="([^"]*_images/[^"]+)"', dom)
         if not images:
@@ -98,14 +107,29 @@ def check_page(dom: str, page: Path, *, chapter: bool, maths: bool = True,
     return problems
 
 
+def no_browser(junitxml: Path | None, *, required: bool) -> int:
+    """Without chromium: a failure under CI (``CI`` set, as `.ci/run` does), else a reported skip."""
+    hint = "install Debian's chromium package (apt-get install chromium)"
+    if required:
+        print(f"chromium not found, and CI requires the browser check: {hint}")
+        return 1
+    print(f"SKIPPED: chromium not found, so the built HTML was not checked in a browser; {hint} to run it")
+    if junitxml:
+        suite = ET.Element("testsuite", name="html", tests="1", skipped="1")
+        case = ET.SubElement(suite, "testcase", classname="html", name="chromium")
+        ET.SubElement(case, "skipped", message="chromium not found")
+        junitxml.parent.mkdir(parents=True, exist_ok=True)
+        ET.ElementTree(suite).write(junitxml)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--junitxml", type=Path)
     args = parser.parse_args()
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
-        print("chromium not found: install Debian's chromium package (apt-get install chromium)")
-        return 1
+        return no_browser(args.junitxml, required=bool(os.environ.get("CI")))
     pages = [(HTML / "index.html", False)]
     pages += [(p, True) for p in sorted((HTML / "chapters").glob("*.html"))]
     pages += [(p, False) for p in sorted((HTML / "book").glob("*.html"))]
@@ -131,7 +155,7 @@ def main() -> int:
         if problems:
             failures += 1
             ET.SubElement(case, "failure", message="; ".join(problems))
-    print(f"figures (reported, not failed): {dict(totals)}")
+    print(f"figures: {dict(totals)}")
     suite.set("failures", str(failures))
     if args.junitxml:
         args.junitxml.parent.mkdir(parents=True, exist_ok=True)
