@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xfam_lib.attention import scaled_dot_product_attention
+from xfam_lib.attention import MultiHeadAttention, scaled_dot_product_attention
 from xfam_lib.positional import (ShawRelativeAttention, T5RelativeBias, XLRelativeAttention, rel_shift,
                                  rel_shift_reference, shaw_relative_attention, shaw_relative_attention_reference,
                                  shaw_relative_positions, t5_relative_position_bucket, xl_relative_scores,
@@ -79,6 +79,35 @@ def test_shaw_module_runs_at_unseen_lengths_and_is_causal_M4_6(gen):
     check_causal(lambda t: attn(t, causal=True), x, atol=1e-12)
     with pytest.raises(TypeError, match="KVCache"):
         attn(x, cache=object())
+
+
+def test_shaw_module_is_multi_head_attention_with_relative_scores_M4_6(gen):
+    """Zero tables: the same weights give MultiHeadAttention's output, cache and kept weights."""
+    torch.manual_seed(0)
+    shaw = ShawRelativeAttention(16, 4, max_distance=3, n_kv_heads=2).double()
+    torch.nn.init.zeros_(shaw.rel_k), torch.nn.init.zeros_(shaw.rel_v)
+    mha = MultiHeadAttention(16, 4, n_kv_heads=2, bias=False).double()
+    mha.load_state_dict({k: v for k, v in shaw.state_dict().items() if not k.startswith("rel_")})
+    x = rand(2, 7, 16, gen=gen)
+    shaw.keep_weights = mha.keep_weights = True
+    assert_close(shaw(x, causal=True), mha(x, causal=True))
+    assert_close(shaw.last_weights, mha.last_weights)
+    c_shaw, c_mha = shaw.make_cache(2, 7), mha.make_cache(2, 7)
+    for t in range(7):                                   # decoding one token at a time
+        assert_close(shaw(x[:, t:t + 1], cache=c_shaw), mha(x[:, t:t + 1], cache=c_mha))
+
+
+def test_xl_module_keeps_causal_weights_that_make_its_output_M4_7(gen):
+    torch.manual_seed(0)
+    attn = XLRelativeAttention(16, 4).double()
+    attn.keep_weights = True
+    x = rand(2, 9, 16, gen=gen)
+    out = attn(x)
+    w = attn.last_weights                                                  # (B, H, L, L)
+    assert_close(w.sum(-1), torch.ones(2, 4, 9, dtype=torch.float64))
+    assert (w.triu(1) == 0).all()
+    v = attn._split(attn.v_proj(x), attn.n_kv_heads)
+    assert_close(out, attn._merge(w @ v))
 
 
 def test_shaw_bad_tables_M4_6(gen):

@@ -11,7 +11,6 @@ Conventions (see the book's conventions page and ``shared/API.md``):
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
@@ -368,6 +367,25 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 causal: bool = False, cache: KVCache | CrossKVCache | None = None, *,
                 return_weights: bool = False, bias: torch.Tensor | None = None):
+        q, k, v = self._project(x, kv, cache)
+        want_weights = return_weights or self.keep_weights
+        result = self.attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=want_weights)
+        out, weights = result if want_weights else (result, None)
+        if self.keep_weights:
+            self.last_weights = weights.detach()
+        out = self._merge(out)
+        return (out, weights) if return_weights else out
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None,
+               bias: torch.Tensor | None, causal: bool, return_weights: bool):
+        """The attention step on split heads: ``q (B, H, Lq, d_head)``, ``k, v (B, H, Lk, d_head)``
+        → ``(B, H, Lq, d_head)`` (and the weights). A subclass overrides it to score differently
+        (relative positions, `positional.ShawRelativeAttention`)."""
+        return scaled_dot_product_attention(q, k, v, mask, bias=bias, causal=causal, return_weights=return_weights)
+
+    def _project(self, x: torch.Tensor, kv: torch.Tensor | None,
+                 cache: KVCache | CrossKVCache | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``(B, H, Lq, d_head)`` and every key and value so far, repeated to ``H`` heads."""
         check_tensor("x", x, rank=3, floating=True)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must have d_model={self.d_model} features, got shape {tuple(x.shape)}")
@@ -397,17 +415,13 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.update(k, v, start)
             elif cache is not None:
                 raise TypeError(f"cache must be a KVCache or CrossKVCache, got {type(cache).__name__}")
-
         n_rep = self.n_heads // self.n_kv_heads
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
-        want_weights = return_weights or self.keep_weights
-        result = scaled_dot_product_attention(q, k, v, mask, bias=bias, causal=causal, return_weights=want_weights)
-        out, weights = result if want_weights else (result, None)
-        if self.keep_weights:
-            self.last_weights = weights.detach()
-        b, _, lq, _ = out.shape
-        out = self.out_proj(out.transpose(1, 2).reshape(b, lq, self.n_heads * self.d_head))
-        return (out, weights) if return_weights else out
+        return q, repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+
+    def _merge(self, out: torch.Tensor) -> torch.Tensor:
+        """Heads ``(B, H, L, d_head)`` back to ``(B, L, d_model)`` through the output projection."""
+        b, _, length, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, length, self.n_heads * self.d_head))
 
 
 # ------------------------------------------------------------------ softmax numerics (M2.13–M2.17, M3.3, M3.6)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import (KVCache, _combined_mask, _masked_softmax, causal_mask, repeat_kv,
+from .attention import (KVCache, MultiHeadAttention, _combined_mask, _masked_softmax, causal_mask,
                         scaled_dot_product_attention)
 from .utils import broadcasts_to, check_bias, check_positive_int, check_qkv, check_tensor, compute_dtype, resolve_scale
 
@@ -428,77 +428,28 @@ def shaw_relative_attention_reference(q, k, v, rel_k, rel_v, max_distance, *, ma
     return (weights.unsqueeze(-1) * values).sum(-2), weights
 
 
-class _RelativeAttentionBase(nn.Module):
-    """Projections, head split, GQA and KV cache shared by the Shaw and Transformer-XL attention modules.
-
-    ``n_kv_heads`` key/value heads are shared by groups of query heads, as in
-    `attention.MultiHeadAttention`; with a `attention.KVCache` the new keys and values are appended at
-    ``cache.length`` and the queries are the last positions (bottom-right aligned).
-    """
-
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None):
-        super().__init__()
-        check_positive_int("d_model", d_model)
-        check_positive_int("n_heads", n_heads)
-        n_kv_heads = n_heads if n_kv_heads is None else check_positive_int("n_kv_heads", n_kv_heads)
-        if d_model % n_heads or n_heads % n_kv_heads:
-            raise ValueError(f"need d_model % n_heads == 0 and n_heads % n_kv_heads == 0, got d_model={d_model}, "
-                             f"n_heads={n_heads}, n_kv_heads={n_kv_heads}")
-        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
-        self.d_head = d_model // n_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=False)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=False)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=False)
-        self.out_proj = nn.Linear(d_model, d_model, bias=False)
-
-    def _split(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        b, length, _ = x.shape
-        return x.view(b, length, n, self.d_head).transpose(1, 2)
-
-    def _merge(self, x: torch.Tensor) -> torch.Tensor:
-        b, _, length, _ = x.shape
-        return self.out_proj(x.transpose(1, 2).reshape(b, length, self.d_model))
-
-    def _qkv(self, x: torch.Tensor, cache: KVCache | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries ``(B, H, L, d_head)`` and all keys/values so far, repeated to ``H`` heads."""
-        check_tensor("x", x, rank=3, floating=True)
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have d_model={self.d_model} features, got shape {tuple(x.shape)}")
-        if cache is not None and not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
-        q = self._split(self.q_proj(x), self.n_heads)
-        k, v = self._split(self.k_proj(x), self.n_kv_heads), self._split(self.v_proj(x), self.n_kv_heads)
-        if cache is not None:
-            k, v = cache.update(k, v, cache.length)
-        n_rep = self.n_heads // self.n_kv_heads
-        return q, repeat_kv(k, n_rep), repeat_kv(v, n_rep)
-
-    def make_cache(self, max_batch: int, max_len: int, *, dtype: torch.dtype | None = None) -> KVCache:
-        """An empty `attention.KVCache` sized for this layer."""
-        weight = self.k_proj.weight
-        return KVCache(max_batch, max_len, self.n_kv_heads, self.d_head, dtype=dtype or weight.dtype,
-                       device=weight.device)
-
-
-class ShawRelativeAttention(_RelativeAttentionBase):
+class ShawRelativeAttention(MultiHeadAttention):
     """Multi-head self-attention with Shaw et al.'s clipped relative keys and values, shared by all heads.
 
-    ``forward(x (B, L, d_model), mask=None, causal=False, cache=None, bias=None) -> (B, L, d_model)``.
-    Tables ``rel_k, rel_v`` are ``(2 * max_distance + 1, d_head)``.
+    `attention.MultiHeadAttention` (projections without bias, GQA through ``n_kv_heads``, the
+    `attention.KVCache`, ``keep_weights``) with its attention step replaced by
+    `shaw_relative_attention`. ``forward(x (B, L, d_model), mask=None, causal=False, cache=None,
+    bias=None) -> (B, L, d_model)``. Tables ``rel_k, rel_v`` are ``(2 * max_distance + 1, d_head)``.
     """
 
     def __init__(self, d_model: int, n_heads: int, max_distance: int = 16, n_kv_heads: int | None = None):
-        super().__init__(d_model, n_heads, n_kv_heads)
+        super().__init__(d_model, n_heads, n_kv_heads, bias=False)
         self.max_distance = check_positive_int("max_distance", max_distance)
         self.rel_k = nn.Parameter(torch.randn(2 * max_distance + 1, self.d_head) * 0.02)
         self.rel_v = nn.Parameter(torch.randn(2 * max_distance + 1, self.d_head) * 0.02)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
                 cache: KVCache | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
-        q, k, v = self._qkv(x, cache)
-        out = shaw_relative_attention(q, k, v, self.rel_k, self.rel_v, self.max_distance, mask=mask, bias=bias,
-                                      causal=causal)
-        return self._merge(out)
+        return super().forward(x, mask=mask, causal=causal, cache=cache, bias=bias)
+
+    def attend(self, q, k, v, *, mask, bias, causal, return_weights):
+        return shaw_relative_attention(q, k, v, self.rel_k, self.rel_v, self.max_distance, mask=mask, bias=bias,
+                                       causal=causal, return_weights=return_weights)
 
 
 # ============================================================================= Transformer-XL (M4.7)
@@ -588,10 +539,11 @@ def xl_relative_scores_reference(q, k, r, u, v):
     return scores
 
 
-class XLRelativeAttention(_RelativeAttentionBase):
+class XLRelativeAttention(MultiHeadAttention):
     """Causal multi-head self-attention with Transformer-XL relative scores (Dai et al. 2019).
 
-    Content keys ``W_kE`` (``k_proj``), position keys ``W_kR`` applied to a fixed sinusoid table of
+    `attention.MultiHeadAttention`'s projections (without bias), GQA and `attention.KVCache`, with
+    content keys ``W_kE`` (``k_proj``), position keys ``W_kR`` applied to a fixed sinusoid table of
     distances, and learned global biases ``u, v`` ``(n_heads, d_head)``. Only causal attention is
     defined (the relative shift is exact on the causal region). ``forward(x, mask=None, causal=True,
     cache=None, bias=None)``; with ``return_terms=True`` also the dict of the four score maps. With a
@@ -606,7 +558,7 @@ class XLRelativeAttention(_RelativeAttentionBase):
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None):
-        super().__init__(d_model, n_heads, n_kv_heads)
+        super().__init__(d_model, n_heads, n_kv_heads, bias=False)
         self.r_proj = nn.Linear(d_model, d_model, bias=False)
         self.u = nn.Parameter(torch.zeros(n_heads, self.d_head))
         self.v = nn.Parameter(torch.zeros(n_heads, self.d_head))
@@ -639,13 +591,15 @@ class XLRelativeAttention(_RelativeAttentionBase):
                 cache: KVCache | None = None, bias: torch.Tensor | None = None, *, return_terms: bool = False):
         if not causal:
             raise ValueError("XLRelativeAttention is causal only (the relative shift is exact on j <= i)")
-        q, k, v = self._qkv(x, cache)
+        q, k, v = self._project(x, None, cache)
         r = self.distance_keys(k.shape[-2], max_len=0 if cache is None else cache.max_len, device=x.device,
                                dtype=x.dtype)                                               # (H, Lk, d_head)
         scores = xl_relative_scores(q, k, r, self.u, self.v) / math.sqrt(self.d_head)
         if bias is not None:
             scores = scores + bias
         weights = _masked_softmax(scores, _combined_mask(q, k, mask, True))
+        if self.keep_weights:
+            self.last_weights = weights.detach()
         out = self._merge(weights @ v)
         if return_terms:
             return out, xl_relative_scores(q, k, r, self.u, self.v, terms=True)
