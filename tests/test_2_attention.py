@@ -31,14 +31,10 @@ from xfam_lib.attention import (
     tiled_attention,
 )
 from xfam_lib.positional import sinusoidal_encoding
-from xfam_lib.testing import assert_close, check_permutation_equivariance
+from xfam_lib.testing import assert_close, check_permutation_equivariance, randn
 
 F64 = torch.float64
 HYP = settings(max_examples=25, deadline=None, derandomize=True)
-
-
-def randn(*shape, gen, dtype=F64, requires_grad=False):
-    return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_(requires_grad)
 
 
 # ----------------------------------------------------------------------------- M2.1 projections

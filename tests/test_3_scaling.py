@@ -46,24 +46,16 @@ from xfam_lib.bench import (
     simulate_tensor_parallel,
 )
 from xfam_lib.positional import RotaryEmbedding
-from xfam_lib.testing import assert_close, check_causal, copy_from_torch_mha, mc_variance
+from xfam_lib.testing import assert_close, check_causal, copy_from_torch_mha, grads, mc_variance, randn
 from xfam_lib.transformer import TransformerLM
 
 F64 = torch.float64
 HYP = settings(max_examples=25, deadline=None, derandomize=True)
 
 
-def randn(*shape, gen, dtype=F64, requires_grad=False):
-    return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_(requires_grad)
-
-
 def bottom_right_mask(lq, lk):
     """Query i at absolute position lk - lq + i may see keys j <= that position (built by hand)."""
     return torch.tensor([[j <= lk - lq + i for j in range(lk)] for i in range(lq)])
-
-
-def grads(out, inputs, cot):
-    return torch.autograd.grad((out * cot).sum(), inputs)
 
 
 # ----------------------------------------------------------------------------- M3.1–M3.4 variance, saturation, Jacobian

@@ -12,11 +12,7 @@ from xfam_lib.positional import (ShawRelativeAttention, T5RelativeBias, XLRelati
                                  rel_shift_reference, shaw_relative_attention, shaw_relative_attention_reference,
                                  shaw_relative_positions, t5_relative_position_bucket, xl_relative_scores,
                                  xl_relative_scores_reference)
-from xfam_lib.testing import assert_close, check_causal
-
-
-def rand(*shape, gen, dtype=torch.float64, grad=False):
-    return torch.randn(*shape, dtype=dtype, generator=gen).requires_grad_(grad)
+from xfam_lib.testing import assert_close, check_causal, randn
 
 
 # ----------------------------------------------------------------------------- Shaw (M4.6)
@@ -28,7 +24,7 @@ def test_shaw_index_matrix_M4_6():
 
 
 def test_shaw_zero_tables_is_vanilla_attention_M4_6_E4_5(gen):
-    q, k, v = rand(2, 3, 7, 8, gen=gen), rand(2, 3, 7, 8, gen=gen), rand(2, 3, 7, 5, gen=gen)
+    q, k, v = randn(2, 3, 7, 8, gen=gen), randn(2, 3, 7, 8, gen=gen), randn(2, 3, 7, 5, gen=gen)
     zeros_k, zeros_v = torch.zeros(9, 8, dtype=torch.float64), torch.zeros(9, 5, dtype=torch.float64)
     for causal in (False, True):
         assert_close(shaw_relative_attention(q, k, v, zeros_k, zeros_v, 4, causal=causal),
@@ -38,13 +34,13 @@ def test_shaw_zero_tables_is_vanilla_attention_M4_6_E4_5(gen):
 @pytest.mark.parametrize("lq,lk,K,causal,keys_only", [(6, 6, 2, False, False), (6, 6, 3, True, False),
                                                      (3, 8, 2, True, False), (5, 5, 10, False, True)])
 def test_shaw_efficient_equals_explicit_form_outputs_and_grads_M4_6(lq, lk, K, causal, keys_only, gen):
-    q, k, v = rand(2, 2, lq, 4, gen=gen, grad=True), rand(2, 2, lk, 4, gen=gen, grad=True), rand(2, 2, lk, 3, gen=gen, grad=True)
-    rel_k, rel_v = rand(2 * K + 1, 4, gen=gen, grad=True), (None if keys_only else rand(2 * K + 1, 3, gen=gen, grad=True))
-    mask = torch.rand(lq, lk, generator=gen) > 0.3
+    q, k, v = randn(2, 2, lq, 4, gen=gen, requires_grad=True), randn(2, 2, lk, 4, gen=gen, requires_grad=True), randn(2, 2, lk, 3, gen=gen, requires_grad=True)
+    rel_k, rel_v = randn(2 * K + 1, 4, gen=gen, requires_grad=True), (None if keys_only else randn(2 * K + 1, 3, gen=gen, requires_grad=True))
+    mask = torch.randn(lq, lk, generator=gen) > 0.3
     out = shaw_relative_attention(q, k, v, rel_k, rel_v, K, mask=mask, causal=causal)
     ref, _ = shaw_relative_attention_reference(q, k, v, rel_k, rel_v, K, mask=mask, causal=causal)
     assert_close(out, ref)
-    g = rand(*out.shape, gen=gen)
+    g = randn(*out.shape, gen=gen)
     inputs = [t for t in (q, k, v, rel_k, rel_v) if t is not None]
     grads = torch.autograd.grad((out * g).sum(), inputs)
     grads_ref = torch.autograd.grad((ref * g).sum(), inputs)
@@ -55,11 +51,11 @@ def test_shaw_efficient_equals_explicit_form_outputs_and_grads_M4_6(lq, lk, K, c
 def test_shaw_logits_invariant_to_a_joint_shift_M4_6(gen):
     """Place the same q/k pattern at two offsets inside longer sequences: its logits do not move."""
     K, n = 3, 5
-    pattern_q, pattern_k = rand(n, 4, gen=gen), rand(n, 4, gen=gen)
-    rel_k, rel_v = rand(2 * K + 1, 4, gen=gen), rand(2 * K + 1, 4, gen=gen)
+    pattern_q, pattern_k = randn(n, 4, gen=gen), randn(n, 4, gen=gen)
+    rel_k, rel_v = randn(2 * K + 1, 4, gen=gen), randn(2 * K + 1, 4, gen=gen)
     logits = []
     for offset in (0, 9):
-        q, k = rand(16, 4, gen=gen), rand(16, 4, gen=gen)
+        q, k = randn(16, 4, gen=gen), randn(16, 4, gen=gen)
         q[offset:offset + n], k[offset:offset + n] = pattern_q, pattern_k
         idx = shaw_relative_positions(16, 16, K)
         full = (q @ k.T + (q[:, None, :] * rel_k[idx]).sum(-1))
@@ -73,7 +69,7 @@ def test_shaw_logits_invariant_to_a_joint_shift_M4_6(gen):
 def test_shaw_module_runs_at_unseen_lengths_and_is_causal_M4_6(gen):
     torch.manual_seed(0)
     attn = ShawRelativeAttention(16, 2, max_distance=3).double()
-    x = rand(2, 50, 16, gen=gen)                     # distances up to 49 >> K = 3: all clipped to the end rows
+    x = randn(2, 50, 16, gen=gen)                     # distances up to 49 >> K = 3: all clipped to the end rows
     out = attn(x, causal=True)
     assert out.shape == x.shape and torch.isfinite(out).all()
     check_causal(lambda t: attn(t, causal=True), x, atol=1e-12)
@@ -88,7 +84,7 @@ def test_shaw_module_is_multi_head_attention_with_relative_scores_M4_6(gen):
     torch.nn.init.zeros_(shaw.rel_k), torch.nn.init.zeros_(shaw.rel_v)
     mha = MultiHeadAttention(16, 4, n_kv_heads=2, bias=False).double()
     mha.load_state_dict({k: v for k, v in shaw.state_dict().items() if not k.startswith("rel_")})
-    x = rand(2, 7, 16, gen=gen)
+    x = randn(2, 7, 16, gen=gen)
     shaw.keep_weights = mha.keep_weights = True
     assert_close(shaw(x, causal=True), mha(x, causal=True))
     assert_close(shaw.last_weights, mha.last_weights)
@@ -101,7 +97,7 @@ def test_xl_module_keeps_causal_weights_that_make_its_output_M4_7(gen):
     torch.manual_seed(0)
     attn = XLRelativeAttention(16, 4).double()
     attn.keep_weights = True
-    x = rand(2, 9, 16, gen=gen)
+    x = randn(2, 9, 16, gen=gen)
     out = attn(x)
     w = attn.last_weights                                                  # (B, H, L, L)
     assert_close(w.sum(-1), torch.ones(2, 4, 9, dtype=torch.float64))
@@ -111,7 +107,7 @@ def test_xl_module_keeps_causal_weights_that_make_its_output_M4_7(gen):
 
 
 def test_shaw_bad_tables_M4_6(gen):
-    q = rand(1, 4, 8, gen=gen)
+    q = randn(1, 4, 8, gen=gen)
     with pytest.raises(ValueError, match="rel_k"):
         shaw_relative_attention(q, q, q, torch.zeros(4, 8, dtype=torch.float64), None, 2)
     with pytest.raises(ValueError, match="max_distance"):
@@ -140,12 +136,12 @@ def test_rel_shift_needs_lk_at_least_lq():
 @pytest.mark.parametrize("lq,lk", [(6, 6), (3, 7)])
 def test_xl_scores_equal_pairwise_reference_outputs_and_grads_M4_7(lq, lk, gen):
     H, d = 2, 4
-    q, k = rand(2, H, lq, d, gen=gen, grad=True), rand(2, H, lk, d, gen=gen, grad=True)
-    r = rand(H, lk, d, gen=gen, grad=True)
-    u, v = rand(H, d, gen=gen, grad=True), rand(H, d, gen=gen, grad=True)
+    q, k = randn(2, H, lq, d, gen=gen, requires_grad=True), randn(2, H, lk, d, gen=gen, requires_grad=True)
+    r = randn(H, lk, d, gen=gen, requires_grad=True)
+    u, v = randn(H, d, gen=gen, requires_grad=True), randn(H, d, gen=gen, requires_grad=True)
     s, ref = xl_relative_scores(q, k, r, u, v), xl_relative_scores_reference(q, k, r, u, v)
     assert_close(s, ref)
-    g = rand(*s.shape, gen=gen)
+    g = randn(*s.shape, gen=gen)
     for a, b in zip(torch.autograd.grad((s * g).sum(), (q, k, r, u, v)),
                     torch.autograd.grad((ref * g).sum(), (q, k, r, u, v))):
         assert_close(a, b)
@@ -155,15 +151,15 @@ def test_xl_scores_equal_pairwise_reference_outputs_and_grads_M4_7(lq, lk, gen):
 
 
 def test_xl_without_position_is_content_only_M4_7(gen):
-    q, k = rand(5, 4, gen=gen), rand(5, 4, gen=gen)
+    q, k = randn(5, 4, gen=gen), randn(5, 4, gen=gen)
     zero = torch.zeros(4, dtype=torch.float64)
     s = xl_relative_scores(q, k, torch.zeros(5, 4, dtype=torch.float64), zero, zero)
     assert_close(s, (q @ k.T).tril())
 
 
 def test_xl_global_position_term_depends_only_on_offset_M4_7_E4_6(gen):
-    q, k, r = rand(7, 4, gen=gen), rand(7, 4, gen=gen), rand(7, 4, gen=gen)
-    v = rand(4, gen=gen)
+    q, k, r = randn(7, 4, gen=gen), randn(7, 4, gen=gen), randn(7, 4, gen=gen)
+    v = randn(4, gen=gen)
     d_term = xl_relative_scores(q, k, r, torch.zeros(4, dtype=torch.float64), v, terms=True)["d: global position"]
     for offset in range(0, 7):
         diag = torch.diagonal(d_term, -offset)                     # i - j = offset
@@ -173,7 +169,7 @@ def test_xl_global_position_term_depends_only_on_offset_M4_7_E4_6(gen):
 def test_xl_module_is_causal_and_rejects_bidirectional_M4_7(gen):
     torch.manual_seed(0)
     attn = XLRelativeAttention(16, 4).double()
-    x = rand(2, 12, 16, gen=gen)
+    x = randn(2, 12, 16, gen=gen)
     check_causal(lambda t: attn(t), x, atol=1e-12)
     out, terms = attn(x, return_terms=True)
     assert out.shape == x.shape and terms["a: content"].shape == (2, 4, 12, 12)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from xfam_lib.attention import MultiHeadAttention
 from xfam_lib.positional import (RotaryEmbedding, apply_rope, rope_matrix, rope_permutation, rope_turns,
                                  to_half_split, to_interleaved)
-from xfam_lib.testing import assert_close
+from xfam_lib.testing import assert_close, randn
 
 
 def rope_complex(x, positions, base=10000.0):
@@ -22,17 +22,13 @@ def rope_complex(x, positions, base=10000.0):
     return torch.view_as_real(rotated).reshape(x.shape)
 
 
-def rand(*shape, gen, dtype=torch.float64):
-    return torch.randn(*shape, dtype=dtype, generator=gen)
-
-
 # ----------------------------------------------------------------------------- the relative property
 @settings(max_examples=25, deadline=None)
 @given(m=st.integers(0, 300), n=st.integers(0, 300), shift=st.integers(0, 500), interleaved=st.booleans(),
        half=st.integers(1, 16))
 def test_score_depends_only_on_offset_M4_9(m, n, shift, interleaved, half):
     gen = torch.Generator().manual_seed(m * 1000 + n)
-    q, k = rand(1, 2 * half, gen=gen), rand(1, 2 * half, gen=gen)
+    q, k = randn(1, 2 * half, gen=gen), randn(1, 2 * half, gen=gen)
 
     def score(a, b):
         qa = apply_rope(q, torch.tensor([a]), interleaved=interleaved)
@@ -45,7 +41,7 @@ def test_score_depends_only_on_offset_M4_9(m, n, shift, interleaved, half):
 
 def test_score_matrix_is_constant_along_diagonals_M4_9(gen):
     d, L = 16, 24
-    q, k = rand(1, d, gen=gen).expand(L, d), rand(1, d, gen=gen).expand(L, d)      # same content everywhere
+    q, k = randn(1, d, gen=gen).expand(L, d), randn(1, d, gen=gen).expand(L, d)      # same content everywhere
     s = apply_rope(q) @ apply_rope(k).T
     for offset in range(-L + 1, L):
         diag = torch.diagonal(s, offset)
@@ -53,7 +49,7 @@ def test_score_matrix_is_constant_along_diagonals_M4_9(gen):
 
 
 def test_shift_by_100_leaves_scores_unchanged_seed_check_M4_9(gen):
-    q, k = rand(1, 8, gen=gen), rand(1, 8, gen=gen)
+    q, k = randn(1, 8, gen=gen), randn(1, 8, gen=gen)
 
     def score(a, b):
         return (apply_rope(q, torch.tensor([a])) * apply_rope(k, torch.tensor([b]))).sum().item()
@@ -64,7 +60,7 @@ def test_shift_by_100_leaves_scores_unchanged_seed_check_M4_9(gen):
 # ----------------------------------------------------------------------------- norms, layouts, references
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_norm_is_preserved_M4_9(interleaved, gen):
-    x = rand(2, 3, 40, 32, gen=gen)
+    x = randn(2, 3, 40, 32, gen=gen)
     y = apply_rope(x, interleaved=interleaved)
     # the rotation is exact for its cos/sin, which come from fp32 tables (API: angles in fp32): cos^2 + sin^2 = 1
     # only to about one fp32 rounding, so the norm is kept to a relative 2 eps(fp32), not to fp64 precision
@@ -73,7 +69,7 @@ def test_norm_is_preserved_M4_9(interleaved, gen):
 
 
 def test_interleaved_equals_half_split_after_permutation_M4_9_E4_12(gen):
-    x = rand(2, 5, 16, gen=gen)
+    x = randn(2, 5, 16, gen=gen)
     inter = apply_rope(x, interleaved=True)
     half = apply_rope(to_half_split(x), interleaved=False)
     assert_close(half, to_half_split(inter))
@@ -81,7 +77,7 @@ def test_interleaved_equals_half_split_after_permutation_M4_9_E4_12(gen):
     assert torch.equal(rope_permutation(8), torch.tensor([0, 2, 4, 6, 1, 3, 5, 7]))
     assert torch.equal(to_interleaved(to_half_split(torch.arange(10.0))), torch.arange(10.0))
     # scores do not care which layout was used, as long as q and k share it
-    q, k = rand(6, 16, gen=gen), rand(6, 16, gen=gen)
+    q, k = randn(6, 16, gen=gen), randn(6, 16, gen=gen)
     s_inter = apply_rope(q, interleaved=True) @ apply_rope(k, interleaved=True).T
     s_half = apply_rope(to_half_split(q)) @ apply_rope(to_half_split(k)).T
     assert_close(s_half, s_inter)
@@ -90,14 +86,14 @@ def test_interleaved_equals_half_split_after_permutation_M4_9_E4_12(gen):
 @pytest.mark.parametrize("interleaved", [True, False])
 def test_matches_explicit_rotation_matrix_M4_9(interleaved, gen):
     d, positions = 12, torch.tensor([0, 1, 5, 17, 40])
-    x = rand(len(positions), d, gen=gen)
+    x = randn(len(positions), d, gen=gen)
     got = apply_rope(x, positions, interleaved=interleaved)
     expected = torch.stack([x[r] @ rope_matrix(int(p), d, interleaved=interleaved).T for r, p in enumerate(positions)])
     assert_close(got, expected, atol=1e-5)          # tables hold fp32 angles; the matrix uses fp64 angles
 
 
 def test_matches_complex_form_M4_9(gen):
-    x, positions = rand(3, 7, 10, gen=gen), torch.tensor([3, 0, 9, 2, 50, 6, 1])
+    x, positions = randn(3, 7, 10, gen=gen), torch.tensor([3, 0, 9, 2, 50, 6, 1])
     assert_close(apply_rope(x, positions, interleaved=True), rope_complex(x, positions), atol=1e-5)
     assert_close(rope_matrix(5, 10) @ x[0, 0], rope_complex(x[:1, :1], torch.tensor([5]))[0, 0])
 
@@ -117,8 +113,8 @@ def test_rope_matrix_blocks_and_composition_M4_9_E4_10_E4_11():
 def test_row_form_of_the_score_E4_9(gen):
     """q_i = x_i W_Q R_i^T, k_j = x_j W_K R_j^T => q_i k_j^T = x_i W_Q R_{j-i} W_K^T x_j^T; the seeds' form is wrong."""
     d = 4
-    x_i, x_j = rand(d, gen=gen), rand(d, gen=gen)
-    W_Q, W_K = rand(d, d, gen=gen), rand(d, d, gen=gen)
+    x_i, x_j = randn(d, gen=gen), randn(d, gen=gen)
+    W_Q, W_K = randn(d, d, gen=gen), randn(d, d, gen=gen)
     i, j = 3, 7
     direct = (x_i @ W_Q @ rope_matrix(i, d).T) @ (x_j @ W_K @ rope_matrix(j, d).T)
     corrected = x_i @ W_Q @ rope_matrix(j - i, d) @ W_K.T @ x_j
@@ -136,13 +132,13 @@ def test_values_are_not_rotated_E4_8(gen):
     with torch.no_grad():
         for m in (plain, rotary):
             m.q_proj.weight.zero_(); m.q_proj.bias.zero_(); m.k_proj.weight.zero_(); m.k_proj.bias.zero_()
-    x = rand(2, 9, 16, gen=gen)
+    x = randn(2, 9, 16, gen=gen)
     assert_close(rotary(x), plain(x))
 
 
 # ----------------------------------------------------------------------------- positions, dtypes, gradients
 def test_positions_argument_and_table_growth_M4_9(gen):
-    x = rand(2, 6, 8, gen=gen)
+    x = randn(2, 6, 8, gen=gen)
     assert_close(apply_rope(x, torch.arange(6)), apply_rope(x))
     far = torch.arange(5000, 5006)                          # forces the cached tables to grow
     y = apply_rope(x, far)
@@ -154,17 +150,17 @@ def test_positions_argument_and_table_growth_M4_9(gen):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_low_precision_computes_in_fp32_and_returns_input_dtype_M4_9(dtype, gen):
-    x = rand(3, 20, 16, gen=gen)
+    x = randn(3, 20, 16, gen=gen)
     y = apply_rope(x.to(dtype))
     assert y.dtype == dtype
     assert_close(y, apply_rope(x).to(dtype))
 
 
 def test_gradient_is_the_inverse_rotation_M4_9(gen):
-    x = rand(2, 7, 6, gen=gen).requires_grad_()
+    x = randn(2, 7, 6, gen=gen).requires_grad_()
     assert torch.autograd.gradcheck(lambda t: apply_rope(t, interleaved=True), (x,))
     assert torch.autograd.gradgradcheck(lambda t: apply_rope(t), (x,))
-    g = rand(2, 7, 6, gen=gen)
+    g = randn(2, 7, 6, gen=gen)
     (apply_rope(x) * g).sum().backward()
     explicit = torch.stack([g[:, r] @ rope_matrix(r, 6, interleaved=False) for r in range(7)], 1)   # R^T g
     assert_close(x.grad, explicit, atol=1e-5)
@@ -197,6 +193,6 @@ def test_pairs_that_never_complete_a_turn_M4_10_E4_14():
 
 @pytest.mark.gpu
 def test_cuda_matches_cpu_M4_9(gen):
-    x = rand(2, 4, 33, 64, gen=gen, dtype=torch.float32)
+    x = randn(2, 4, 33, 64, gen=gen, dtype=torch.float32)
     assert_close(apply_rope(x.cuda()).cpu(), apply_rope(x))
     assert_close(apply_rope(x.cuda().bfloat16(), interleaved=True).cpu(), apply_rope(x, interleaved=True).bfloat16())

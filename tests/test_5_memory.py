@@ -38,14 +38,10 @@ from xfam_lib.memory import (
     xl_attention,
 )
 from xfam_lib.positional import XLRelativeAttention
-from xfam_lib.testing import assert_close
+from xfam_lib.testing import assert_close, randn
 
 F64 = torch.float64
 HYP = settings(max_examples=20, deadline=None, derandomize=True)
-
-
-def randn(*shape, gen, dtype=F64, requires_grad=False):
-    return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_(requires_grad)
 
 
 def xl_layer(d=16, heads=4, kv_heads=None, seed=0):

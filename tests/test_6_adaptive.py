@@ -36,14 +36,10 @@ from xfam_lib.attention import scaled_dot_product_attention
 from xfam_lib.bench import largest_intermediate
 from xfam_lib.positional import ut_coordinate_encoding
 from xfam_lib.transformer import count_params
-from xfam_lib.testing import assert_close
+from xfam_lib.testing import assert_close, randn
 
 F64 = torch.float64
 HYP = settings(max_examples=25, deadline=None, derandomize=True)
-
-
-def randn(*shape, gen, dtype=F64, requires_grad=False):
-    return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_(requires_grad)
 
 
 # ============================================================================= M6.1, M6.2 Universal Transformer

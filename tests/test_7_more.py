@@ -21,24 +21,11 @@ from xfam_lib.sparse import (
     lsh_collision_rate, lsh_hash, mask_to_bias,
     nnz, receptive_field, reversible_sequence, routing_assign, routing_attention, routing_mask, sliding_window_mask, strided_mask,
 )
-from xfam_lib.testing import assert_close
+from xfam_lib.testing import assert_close, grads, randn
 
 from test_7_sparse import loop_mask, shortest_paths
 
 F64 = torch.float64
-
-
-def randn(*shape, gen, dtype=F64, requires_grad=False):
-    return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_(requires_grad)
-
-
-def grads(out, inputs, cot):
-    return torch.autograd.grad((out * cot).sum(), inputs, retain_graph=True)
-
-
-@pytest.fixture
-def gen():
-    return torch.Generator().manual_seed(0)
 
 
 # ----------------------------------------------------------------------------- M7.1 graph tools

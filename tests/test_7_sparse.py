@@ -29,18 +29,10 @@ from xfam_lib.sparse import (
     sliding_window_mask,
     strided_mask,
 )
-from xfam_lib.testing import assert_close, check_causal
+from xfam_lib.testing import assert_close, check_causal, grads, randn
 
 F64 = torch.float64
 HYP = settings(max_examples=25, deadline=None, derandomize=True)
-
-
-def randn(*shape, gen, dtype=F64, requires_grad=False):
-    return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_(requires_grad)
-
-
-def grads(out, inputs, cot):
-    return torch.autograd.grad((out * cot).sum(), inputs)
 
 
 def loop_mask(n_rows, n_cols, rule):

@@ -24,7 +24,7 @@ from xfam_lib.linear import (
     retention,
     taylor2_features,
 )
-from xfam_lib.testing import assert_close, check_causal
+from xfam_lib.testing import assert_close, check_causal, randn
 
 F64 = torch.float64
 HYP = settings(max_examples=25, deadline=None, derandomize=True)
@@ -38,10 +38,6 @@ PHI = {
     "identity": lambda x: x,
     "softplus": lambda x: torch.log1p(torch.exp(x)),
 }
-
-
-def randn(*shape, gen, dtype=F64):
-    return torch.randn(*shape, generator=gen, dtype=dtype)
 
 
 def log_gates(*shape, gen, low, high, dtype=F64):

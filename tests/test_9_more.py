@@ -29,21 +29,12 @@ from xfam_lib.ssm import (
     ssm_kernel,
     ssm_recurrence,
 )
-from xfam_lib.testing import assert_close, check_causal
+from xfam_lib.testing import assert_close, check_causal, grads, randn
 
 F64 = torch.float64
 # An FFT convolution mixes every position through the transform, so a perturbation after t moves outputs
 # before t by fp64 roundoff (~eps · |values| · log L, here ~1e-16); exact causality holds only in exact arithmetic.
 FFT_LEAK = 1e-13
-
-
-def randn(*shape, gen, dtype=F64, requires_grad=False):
-    return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_(requires_grad)
-
-
-def grads(out, inputs, cot):
-    return torch.autograd.grad((out * cot).sum(), inputs, retain_graph=True, allow_unused=True,
-                               materialize_grads=True)
 
 
 def assert_grads_close(ga, gb, **kw):

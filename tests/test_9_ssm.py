@@ -22,14 +22,10 @@ from xfam_lib.ssm import (
     ssm_kernel,
     ssm_recurrence,
 )
-from xfam_lib.testing import assert_close, check_causal
+from xfam_lib.testing import assert_close, check_causal, grads, randn
 
 F64 = torch.float64
 HYP = settings(max_examples=20, deadline=None, derandomize=True)
-
-
-def randn(*shape, gen, dtype=F64, requires_grad=False):
-    return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_(requires_grad)
 
 
 def stable_matrix(n, gen, *, batch=()):
@@ -45,11 +41,6 @@ def close(actual, expected, **kw):
         actual = torch.view_as_real(actual.to(torch.complex128))
         expected = torch.view_as_real(expected.to(torch.complex128))
     assert_close(actual, expected, **kw)
-
-
-def grads(out, inputs, cot):
-    return torch.autograd.grad((out * cot).sum(), inputs, retain_graph=True, allow_unused=True,
-                               materialize_grads=True)
 
 
 # ----------------------------------------------------------------------------- independent references

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from xfam_lib import positional
-from xfam_lib.positional import AlibiBias, T5RelativeBias, XLRelativeAttention, apply_rope
+from xfam_lib.positional import XLRelativeAttention, apply_rope
 from xfam_lib.testing import assert_close
 from xfam_lib.transformer import TransformerLM, generate
 

@@ -21,6 +21,8 @@ __all__ = [
     "copy_from_torch_mha",
     "copy_from_torch_layer",
     "mc_variance",
+    "randn",
+    "grads",
 ]
 
 # (atol, rtol) per dtype; an element passes when |actual - expected| <= atol + rtol * |expected|.
@@ -203,3 +205,17 @@ def mc_variance(d_k: int, n_samples: int = 20000, *, mean: float = 0.0, std: flo
     q = mean + std * torch.randn(n_samples, d_k, dtype=torch.float64, generator=generator)
     k = mean + std * torch.randn(n_samples, d_k, dtype=torch.float64, generator=generator)
     return float((scale * (q * k).sum(dim=-1)).var())
+
+
+def randn(*shape: int, gen: torch.Generator, dtype: torch.dtype = torch.float64,
+          requires_grad: bool = False) -> torch.Tensor:
+    """Standard normal draws of ``shape`` from the CPU generator ``gen`` (fp64 unless ``dtype``),
+    optionally a leaf that records gradients."""
+    return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_(requires_grad)
+
+
+def grads(out: torch.Tensor, inputs, cotangent: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The vector-Jacobian product: gradients of ``(out * cotangent).sum()`` with respect to
+    ``inputs``, zeros for an input ``out`` does not use; the graph is kept for further calls."""
+    return torch.autograd.grad((out * cotangent).sum(), inputs, retain_graph=True, allow_unused=True,
+                               materialize_grads=True)
