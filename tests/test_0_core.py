@@ -140,6 +140,13 @@ def test_plots_shape_table_and_heatmaps():
     assert fig.axes[0].get_title() == "w"
     fig = plots.heatmaps({"a": torch.rand(3, 3), "b": torch.rand(3, 4), "c": torch.eye(2)}, ncols=2)
     assert len(fig.axes) == 4
+    for n, grid in ((3, (1, 3)), (4, (2, 2)), (5, (2, 3)), (7, (3, 3))):   # rows wrap to fit MAX_WIDTH
+        fig = plots.heatmaps({str(i): torch.rand(3, 3) for i in range(n)})
+        assert fig.axes[0].get_subplotspec().get_gridspec().get_geometry() == grid
+        assert fig.get_figwidth() <= plots.MAX_WIDTH
+        matplotlib.pyplot.close(fig)
+    fig = plots.heatmaps({str(i): torch.rand(3, 3) for i in range(4)}, ncols=4, size=3.0)
+    assert fig.get_figwidth() <= plots.MAX_WIDTH and len(fig.axes) == 4
     fig = plots.loss_curves({"a": [3, 2, 1]}, reference={"chance": 2.5})
     assert fig.axes[0].get_lines()
     with pytest.raises(ValueError, match="2-D"):

@@ -205,6 +205,14 @@ def test_M1_2_architecture_diagram_draws_and_checks_names():
     assert "(2, 5, 16)  " + f"{count_params(model.encoder):,} p" in texts
     assert not any("layers.1.self_attn" in t for t in texts)          # the repeat is collapsed
     assert len(fig.axes[0].patches) > 10
+    # two 5.2 in columns are wider than the book's figures: drawn smaller, text included
+    assert fig.get_figwidth() == pytest.approx(plots.MAX_WIDTH)
+    one = plots.architecture_diagram(model, src, tgt_in)
+    assert one.get_figwidth() == pytest.approx(5.2)                   # one column fits: full size
+    shrink = plots.MAX_WIDTH / (2 * 5.2 + 0.6)
+    sizes = {t.get_fontsize() for t in fig.axes[0].texts if t.get_text()}
+    assert sizes == {f * shrink for f in (7, 7.5, 8, 11)}                # shape, label, link, column title
+    plt.close(one)
     plt.close(fig)
     with pytest.raises(ValueError, match="max_depth must be a positive int"):
         plots.architecture_diagram(model, src, tgt_in, max_depth=0)

@@ -439,3 +439,23 @@ def test_softmax_family_bad_input_names_the_argument():
         attention_entropy([0.5, 0.5])
     with pytest.raises(TypeError, match="real numbers"):
         softmax_online([True, False])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_reach_the_fused_kernel_in_their_dtype_unless_a_bias_is_given(dtype, monkeypatch, gen):
+    """The docstring's promise on halves: without a bias the fused path hands the half tensors to
+    PyTorch's kernel; with a bias it computes in fp32 so the bias is not rounded. Both return the
+    input dtype."""
+    seen = []
+    kernel = F.scaled_dot_product_attention
+
+    def recording_kernel(q, k, v, **kwargs):
+        seen.append((q.dtype, None if kwargs.get("attn_mask") is None else kwargs["attn_mask"].dtype))
+        return kernel(q, k, v, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording_kernel)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=gen).to(dtype) for _ in range(3))
+    bias = torch.randn(5, 5, generator=gen)
+    assert scaled_dot_product_attention(q, k, v).dtype == dtype
+    assert scaled_dot_product_attention(q, k, v, bias=bias).dtype == dtype
+    assert seen == [(dtype, None), (torch.float32, torch.float32)]

@@ -189,6 +189,57 @@ def test_attention_io_bytes_and_roofline_M3_8():
         attention_io_bytes(4, 4, "fp16")
 
 
+def _flash_algorithm1_elements(n, d, block):
+    """Loads and stores of Dao et al.'s Algorithm 1, counted by walking its loops (j over K/V blocks,
+    i over query blocks of `d` rows); O, l and m are read back only once an earlier pass wrote them."""
+    moved = 0
+    for j in range(0, n, block):
+        kv_rows = min(block, n - j)
+        moved += 2 * kv_rows * d                                  # load K_j, V_j
+        for i in range(0, n, d):
+            rows = min(d, n - i)
+            moved += rows * d                                     # load Q_i
+            if j > 0:
+                moved += rows * d + 2 * rows                      # load O_i, l_i, m_i
+            moved += rows * d + 2 * rows                          # write O_i, l_i, m_i
+    return moved
+
+
+@pytest.mark.parametrize("n, d, sram, dtype", [(100, 8, 4096, torch.float32), (1000, 16, 16384, torch.float16),
+                                               (37, 4, 10 ** 6, torch.float32), (513, 32, 6000, torch.float16)])
+def test_fused_io_with_on_chip_memory_counts_flash_algorithm1_M3_8(n, d, sram, dtype):
+    """With `sram_bytes` the fused count equals a walk over Algorithm 1's loops (blocks of M // (4 d b) keys);
+    when one block holds every key it is the 4nd floor plus the row statistics."""
+    b = dtype.itemsize
+    block = sram // (4 * d * b)
+    got = attention_io_bytes(n, d, dtype, materialize=False, sram_bytes=sram)
+    assert got == _flash_algorithm1_elements(n, d, block) * b
+    if block >= n:
+        assert got == attention_io_bytes(n, d, dtype, materialize=False) + 2 * n * b
+
+
+def test_fused_io_grows_as_n_squared_for_fixed_on_chip_memory_theorem2_M3_8():
+    """Dao et al.'s Theorem 2: Theta(n^2 d^2 / M) HBM accesses. For a fixed M, doubling n (well past one
+    key block) multiplies the bytes by about 4, so the intensity levels off instead of growing like n;
+    bytes * M / (n^2 d^2) stays within constant bounds across M, d and n."""
+    d, sram = 64, 192 * 1024
+    moved = [attention_io_bytes(n, d, torch.float16, False, sram_bytes=sram) for n in (2 ** 14, 2 ** 15)]
+    assert 3.9 < moved[1] / moved[0] < 4.01
+    intensity = [attention_flops(n, d) / attention_io_bytes(n, d, torch.float16, False, sram_bytes=sram)
+                 for n in (2 ** 12, 2 ** 16, 2 ** 20)]
+    block = sram // (4 * d * 2)
+    limit = 4 * block * d / (2 * (3 * d + 4))                    # 4 n^2 d FLOPs over 3 n/B_c passes
+    assert intensity[0] < intensity[1] < intensity[2] < limit < 1.01 * intensity[2]
+    b = 4                                                        # fp32; M in elements is sram_bytes / b
+    ratios = [attention_io_bytes(n, dd, torch.float32, False, sram_bytes=m) / b / (n * n * dd * dd / (m / b))
+              for n in (2 ** 12, 2 ** 14) for dd in (32, 128) for m in (2 ** 16, 2 ** 18)]
+    assert 12.0 <= min(ratios) and max(ratios) < 13.0           # about 12 n^2 d^2 / M elements
+    with pytest.raises(ValueError, match="sram_bytes"):
+        attention_io_bytes(64, 64, torch.float16, False, sram_bytes=100)       # not one row of Q, K, V, O
+    with pytest.raises(ValueError, match="materialize"):
+        attention_io_bytes(64, 64, torch.float16, True, sram_bytes=2 ** 16)
+
+
 def test_kv_cache_bytes_equal_real_buffers_M3_9():
     """kv_cache_bytes ≡ Σ nbytes of the KVCache buffers of a GQA TransformerLM; 32 layers × 8 kv heads × 128, bf16:
     131072 B/token; MHA (32 heads) 524288; 8192 tokens of GQA = 1 GiB."""

@@ -169,8 +169,10 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     without enlarging them. ``causal`` is bottom-right aligned: query ``i`` sits at position
     ``Lk - Lq + i``, so with ``Lq > Lk`` the first ``Lq - Lk`` queries see no key. Rows with no allowed
     key return zeros; otherwise a NaN in a query makes its output row NaN, on every path.
-    ``scale`` defaults to ``1/sqrt(d_k)``. fp16/bf16 inputs are computed in fp32 and
-    returned in their own dtype; ``bias`` is used in fp32 then (never rounded to the half type).
+    ``scale`` defaults to ``1/sqrt(d_k)``. fp16/bf16 inputs come back in their own dtype. The
+    explicit path (``return_weights=True``) and the fused path with a ``bias`` compute in fp32
+    (the bias is never rounded to the half type); the fused path without a bias hands the half
+    tensors to PyTorch's kernel, which rounds the weights ``P`` to the half type before ``P v``.
 
     Without ``return_weights`` the result comes from PyTorch's fused kernel
     (``torch.nn.functional.scaled_dot_product_attention``) with the conventions above enforced

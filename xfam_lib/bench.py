@@ -273,16 +273,34 @@ def path_length(kind: str, distance: int, kernel: int = 3) -> int:
     raise ValueError(f"kind must be 'attention', 'rnn' or 'conv', got {kind!r}")
 
 
-def attention_io_bytes(n: int, d: int, dtype: torch.dtype = torch.float16, materialize: bool = True) -> int:
+def attention_io_bytes(n: int, d: int, dtype: torch.dtype = torch.float16, materialize: bool = True, *,
+                       sram_bytes: int | None = None) -> int:
     """Bytes one attention head moves to and from main memory (HBM), ``n`` tokens, head width ``d``.
 
-    Always: read ``Q, K, V`` and write ``O``, ``4 n d`` elements. ``materialize=True`` (the naive
-    kernel) adds writing and reading back the scores ``S`` and the probabilities ``P``, ``4 n^2``
-    elements. ``materialize=False`` is the fused (FlashAttention) lower bound, tiles kept on chip.
+    ``materialize=True`` (unfused kernels): read ``Q, K, V`` and write ``O``, ``4 n d`` elements, plus
+    writing and reading back the scores ``S`` and the probabilities ``P``, ``4 n^2``; the least a
+    sequence of unfused kernels moves. ``materialize=False`` is a fused kernel. Without
+    ``sram_bytes`` it is the floor ``4 n d``: every number moved once, as if whole rows of scores
+    fit on chip. ``sram_bytes=M`` counts Algorithm 1 of Dao et al. (2022) with ``M`` bytes of
+    on-chip memory: ``K`` and ``V`` are read once, in blocks of ``B_c = M // (4 d b)`` rows (``b``
+    bytes per number); for each of the ``T_c = ceil(n / B_c)`` blocks, all of ``Q`` is read and
+    ``O`` and the row statistics ``m, l`` are written, and read back on every pass after the
+    first: ``2nd + T_c nd + (2 T_c - 1)(nd + 2n)`` elements. For ``n > B_c`` that is their
+    Theorem 2, ``Theta(n^2 d^2 / M)``: quadratic in ``n`` for a fixed ``M``.
     """
-    n, d = _positive("n", n), _positive("d", d)
-    elements = 4 * n * d + (4 * n * n if materialize else 0)
-    return elements * _itemsize(dtype)
+    n, d, b = _positive("n", n), _positive("d", d), _itemsize(dtype)
+    if sram_bytes is None:
+        elements = 4 * n * d + (4 * n * n if materialize else 0)
+        return elements * b
+    if materialize:
+        raise ValueError("sram_bytes models the fused kernel's tiles; pass materialize=False with it, "
+                         f"got materialize=True, sram_bytes={sram_bytes!r}")
+    block = _positive("sram_bytes", sram_bytes) // (4 * d * b)
+    if block < 1:
+        raise ValueError(f"sram_bytes must hold one row of Q, K, V and O (4 d b = {4 * d * b} bytes for "
+                         f"d={d}, {dtype}), got {sram_bytes}")
+    passes = -(-n // block)
+    return (2 * n * d + passes * n * d + (2 * passes - 1) * (n * d + 2 * n)) * b
 
 
 class Roofline(NamedTuple):

@@ -5,6 +5,7 @@ widgets can redraw it; nothing here computes a model.
 """
 from __future__ import annotations
 
+import textwrap
 from typing import Sequence
 
 import matplotlib.pyplot as plt
@@ -26,6 +27,9 @@ STYLE = {
     "legend.frameon": False,
     "image.cmap": "viridis",
 }
+
+
+MAX_WIDTH = 9.4      # inches: wider figures are shrunk below 70 % in the book's 6.76 in column
 
 
 def use_style() -> None:
@@ -86,17 +90,24 @@ def plot_mask(mask, ax=None, title: str | None = None):
 
 
 def heatmaps(panels: dict, *, ncols: int | None = None, size: float = 2.6, suptitle: str | None = None, **kwargs):
-    """Several `attention_heatmap` panels side by side: ``panels`` maps title → ``(Lq, Lk)`` matrix."""
+    """Several `attention_heatmap` panels side by side: ``panels`` maps title → ``(Lq, Lk)`` matrix.
+
+    Without ``ncols`` the panels form one row if it fits `MAX_WIDTH`, else balanced rows (4 panels:
+    2 x 2); panels shrink below ``size`` if ``ncols`` of them would be wider than `MAX_WIDTH`.
+    """
     n = len(panels)
-    ncols = ncols or n
+    if ncols is None:                     # one row if it fits MAX_WIDTH, else balanced rows
+        fit = max(1, int((MAX_WIDTH - 0.4) // size))
+        ncols = -(-n // -(-n // fit))
+    size = min(size, (MAX_WIDTH - 0.4) / ncols)
     nrows = -(-n // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols + 0.4, size * nrows + 0.3), squeeze=False)
     for ax, (title, w) in zip(axes.flat, panels.items()):
         attention_heatmap(w, ax=ax, title=title, colorbar=False, **kwargs)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    if suptitle:
-        fig.suptitle(suptitle)
+    if suptitle:                          # wrapped to the figure's width (about 6.5 pt a character)
+        fig.suptitle(textwrap.fill(suptitle, max(20, int(fig.get_figwidth() * 72 / 6.5))))
     fig.tight_layout()
     return fig
 
@@ -209,7 +220,8 @@ def architecture_diagram(module: torch.nn.Module, *inputs, columns: dict[str, Se
     to the direct children drawn in it (default: one column with every child); rows go top to
     bottom in call order, indented by depth, down to ``max_depth``. A layer that repeats the
     structure of the layer before it (``layers.1`` after ``layers.0``) is drawn as one box: same
-    structure, separate weights. ``links`` lists ``(source, target_suffix, label)`` arrows, e.g.
+    structure, separate weights. Columns wider together than `MAX_WIDTH` are drawn smaller, text
+    included. ``links`` lists ``(source, target_suffix, label)`` arrows, e.g.
     ``("encoder", "cross_attn", "memory")``. Identity modules are skipped. Returns the Figure.
     """
     if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
@@ -251,7 +263,9 @@ def architecture_diagram(module: torch.nn.Module, *inputs, columns: dict[str, Se
 
     n_rows = max(len(v) for v in layout.values())
     col_w, indent, row_h = 5.2, 0.35, 1.0
-    fig, ax = plt.subplots(figsize=(col_w * len(layout) + 0.6 * (len(layout) - 1), 0.3 * n_rows + 0.9))
+    width = col_w * len(layout) + 0.6 * (len(layout) - 1)
+    shrink = min(1.0, MAX_WIDTH / width)                   # scales the drawing and its text together
+    fig, ax = plt.subplots(figsize=(width * shrink, 0.3 * n_rows + 0.9))
     ax.set_xlim(-0.1, len(layout) * (col_w + 0.6) - 0.5)
     ax.set_ylim(-n_rows * row_h - 0.2, 0.8)
     ax.axis("off")
@@ -259,7 +273,7 @@ def architecture_diagram(module: torch.nn.Module, *inputs, columns: dict[str, Se
     for c, (title_c, chosen) in enumerate(layout.items()):
         x0 = c * (col_w + 0.6)
         if title_c:
-            ax.text(x0 + col_w / 2, 0.35, title_c, ha="center", va="bottom", fontsize=11, weight="bold")
+            ax.text(x0 + col_w / 2, 0.35, title_c, ha="center", va="bottom", fontsize=11 * shrink, weight="bold")
         for i, r in enumerate(chosen):
             y = -i * row_h - 0.5
             left = x0 + (r["depth"] - 1) * indent
@@ -270,20 +284,20 @@ def architecture_diagram(module: torch.nn.Module, *inputs, columns: dict[str, Se
             label = f"{r['name'][len(parent) + 1 if parent else 0:]}: {r['cls']}"
             if r["collapsed"]:
                 label += "  (same structure, own weights)"
-            ax.text(left + 0.08, y, label, va="center", fontsize=7.5, family="monospace")
+            ax.text(left + 0.08, y, label, va="center", fontsize=7.5 * shrink, family="monospace")
             right = "" if r["shape"] is None else str(r["shape"])
             if show_params:
                 right = f"{right}  {r['params']:,} p" if right else f"{r['params']:,} p"
-            ax.text(x0 + col_w - 0.08, y, right, va="center", ha="right", fontsize=7, color="#333333")
+            ax.text(x0 + col_w - 0.08, y, right, va="center", ha="right", fontsize=7 * shrink, color="#333333")
             where[r["name"]] = (left, x0 + col_w, y)
     for source, suffix, label in links:
         sx, sy = where[source][1], where[source][2]
         for t in (n for n in where if n.endswith(suffix) and n != source):
             ax.annotate("", xy=(where[t][0], where[t][2]), xytext=(sx, sy),
                         arrowprops=dict(arrowstyle="->", color="#c0392b", lw=1.0, connectionstyle="arc3,rad=-0.15"))
-        ax.text(sx + 0.3, sy + 0.12, label, color="#c0392b", fontsize=8, ha="center", va="bottom")
+        ax.text(sx + 0.3, sy + 0.12, label, color="#c0392b", fontsize=8 * shrink, ha="center", va="bottom")
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=plt.rcParams["axes.titlesize"] * shrink)
     fig.tight_layout()
     return fig
 
