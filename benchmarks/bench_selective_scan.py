@@ -12,7 +12,7 @@ and the time vs L for the loop and the fastest mode. Runs with torch's default n
 whatever the setting, while the chunk mode's whole-chunk passes use every core.
 
 What bounds the chunk mode in eager PyTorch on a CPU: it computes each chunk in closed form (a
-cumulative sum, see `xfam_lib.ssm._factored_chunk_scan`), about ten passes over the
+cumulative sum, see `xfam_lib.ssm.selective._factored_chunk_scan`), about ten passes over the
 ``(batch, d_inner, L, N)`` states (4M floats here), taken in cache-sized groups of chunks; an ``exp2``,
 a division and a cumulative sum per state entry dominate. Mamba's fused GPU kernel keeps the state in on-chip memory
 and never writes those tensors. (SSD's scalar decay turns the chunk work into matrix products

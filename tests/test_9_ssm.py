@@ -510,7 +510,7 @@ def test_selective_scan_factored_chunks_in_groups_M9_9(bc, group_elements, gen, 
     """The closed-form chunks are processed in cache-sized groups of chunks: with groups of one chunk, or of
     two chunks with a shorter last group (5 chunks of 5, the last one ragged), the result still ≡ the step
     loop, gradients included (fp64); without autograd (group buffers reused) too."""
-    import xfam_lib.ssm as ssm
+    import xfam_lib.ssm.selective as ssm
     monkeypatch.setitem(ssm._GROUP_ELEMENTS, "cpu", group_elements)   # 240 // (2 * 4 * 5 * 3) = 2 chunks
     u, delta, A, B, C = scan_inputs(gen, L=23, bc=bc, delta_scale=0.5)
     params = (u, delta, A, B, C)
@@ -536,7 +536,7 @@ def test_selective_scan_factored_chunks_shrink_to_fit_M9_9(dtype, gen):
     |A| Σδ = 2 · 64 is halved until it fits (to 32 in fp32; fp64's limit, 300, keeps 64), and the result
     still ≡ the step loop in outputs, last state and gradients; decays no chunk of 4 can hold go to the
     loop inside chunks (None)."""
-    from xfam_lib.ssm import _FACTOR_LIMIT, _factored_chunk_size
+    from xfam_lib.ssm.selective import _FACTOR_LIMIT, _factored_chunk_size
     batch, dim, L, N = 2, 3, 150, 4
     u = randn(batch, dim, L, gen=gen, dtype=dtype, requires_grad=True)
     delta = torch.full((batch, dim, L), 1.0, dtype=dtype).requires_grad_()

@@ -6,6 +6,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import inspect
+import pkgutil
 import sys
 from typing import Any, Callable
 
@@ -29,9 +30,14 @@ def resolve_live(dotted: str) -> Any:
 
 def _members(module) -> list[tuple[str, Any]]:
     """The functions and classes a library module defines itself: its public ones and its private
-    functions (a module placed off limits covers the helpers that do its work, e.g. ``_linear_chunk``)."""
-    return [(f"{module.__name__}.{k}", v) for k, v in vars(module).items()
-            if callable(v) and getattr(v, "__module__", None) == module.__name__ and not k.startswith("__")
+    functions (a module placed off limits covers the helpers that do its work, e.g. ``_linear_chunk``).
+    A package (``xfam_lib.ssm``) covers what each of its modules defines."""
+    modules = [module]
+    if hasattr(module, "__path__"):
+        modules += [importlib.import_module(info.name)
+                    for info in pkgutil.walk_packages(module.__path__, module.__name__ + ".")]
+    return [(f"{m.__name__}.{k}", v) for m in modules for k, v in vars(m).items()
+            if callable(v) and getattr(v, "__module__", None) == m.__name__ and not k.startswith("__")
             and (not k.startswith("_") or inspect.isfunction(v))]
 
 
@@ -50,14 +56,14 @@ def expand_off_limits(off_limits: dict[str, list[str]]) -> dict[str, tuple[Any, 
 def off_limits_resolver(entries: dict[str, tuple[Any, list[str]]]) -> Callable[[str], list[str]]:
     """For `scan_code`: the off-limits entries (of `expand_off_limits`) a dotted name reaches, by identity.
 
-    ``m.*`` (a star import) reaches every entry of module ``m``. Only ``xfam_lib`` and ``torch``
+    ``m.*`` (a star import) reaches every entry of module ``m`` (of a package, every entry below it). Only ``xfam_lib`` and ``torch``
     names are imported to be resolved (in the judge, before any student code runs).
     """
     by_id = {id(obj): dotted for dotted, (obj, _) in entries.items()}
 
     def resolve(dotted: str) -> list[str]:
         if dotted.endswith(".*"):
-            return [d for d in entries if d.rsplit(".", 1)[0] == dotted[:-2]]
+            return [d for d in entries if d.startswith(dotted[:-1])]
         if dotted.split(".")[0] not in ("xfam_lib", "torch"):
             return []
         try:
@@ -117,8 +123,6 @@ def _library_code() -> dict[int, Any]:
     name, or a function built from a forged code object, is never the library's.
     """
     if not _LIBRARY:
-        import pkgutil
-
         import xfam_lib
 
         for info in pkgutil.iter_modules(xfam_lib.__path__):
