@@ -59,7 +59,7 @@ def save(name: str, result: dict, fig=None) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     if fig is not None:
-        fig.savefig(RESULTS / f"{name}.png", dpi=120, bbox_inches="tight")
+        fig.savefig(RESULTS / f"{name}.png", dpi=100, bbox_inches="tight")   # the book's dpi (plots.STYLE)
     for check in result.get("checks", []):
         print(f"{name}: {check['what']} = {check['value']:.3g} (target {check['target']}) "
               f"{'OK' if check['ok'] else 'MISSED'}")

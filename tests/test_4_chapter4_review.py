@@ -114,7 +114,7 @@ def test_alibi_bias_in_the_books_zero_based_convention_M4_12(n_heads, q_len, k_l
 
 # ----------------------------------------------------------------------------- the saved experiment (M4.15)
 def test_saved_length_extrapolation_results_are_complete_M4_15():
-    """Figure 4.9 reads these numbers; three seeds, each with every arm and length, and means that match them."""
+    """Figure 4.11 reads these numbers; three seeds, each with every arm and length, and means that match them."""
     saved = json.loads(RESULTS.read_text())
     seeds, lengths = saved["config"]["seeds"], [str(L) for L in saved["lengths"]]
     assert len(seeds) >= 3 and len(set(seeds)) == len(seeds)
