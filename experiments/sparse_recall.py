@@ -10,7 +10,8 @@ Accuracy is split by whether the query's value lies beyond the reach of the wind
 Results (per seed; the chapter shows each seed and the mean) go to
 ``experiments/results/sparse_recall.json``; chapter 7 plots them next to its smaller live run.
 Usage: ``python experiments/sparse_recall.py [--seeds 0 1 2] [--steps 600] [--pairs 8]``
-(``--quick`` runs one seed for 30 steps to try the script).
+(the saved run took 589 s on one core of a shared 2-core machine under a load average near 9;
+``--quick`` runs one seed for 30 steps to try the script).
 """
 from __future__ import annotations
 

@@ -16,6 +16,8 @@ lagged-topic language, returning the learned spans per head.
 
 `train_recall` (chapter 8, M8.11, M11.2): a small model (`RecallNet`) whose token mixer is softmax or
 linear attention, trained on multi-query associative recall (`tasks.mqar`).
+`train_sparse_recall` (chapter 7, M7.2, M7.10, M7.11, M7.13): `RecallNet`'s architecture with five attention
+patterns (dense, window, window + global, BigBird, LSH), trained side by side (`StackedRecallNet`) on `mqar`.
 """
 from __future__ import annotations
 
