@@ -16,9 +16,12 @@ lagged-topic language, returning the learned spans per head.
 
 `train_recall` (chapter 8, M8.11, M11.2): a small model (`RecallNet`) whose token mixer is softmax or
 linear attention, trained on multi-query associative recall (`tasks.mqar`).
+`train_sparse_recall` (chapter 7, M7.2, M7.10, M7.11, M7.13): `RecallNet`'s architecture with five attention
+patterns (dense, window, window + global, BigBird, LSH), trained side by side (`StackedRecallNet`) on `mqar`.
 """
 from __future__ import annotations
 
+import statistics
 from typing import Sequence
 
 import torch
@@ -31,10 +34,11 @@ from .linear import linear_attention
 from .memory import TransformerXL
 from .positional import sinusoidal_encoding, ut_coordinate_encoding
 from .ssm import H3Layer, MambaBlock, S4DLayer
-from .tasks import PAD, LaggedTopicLanguage, ModeBigramLanguage, cyclic_permutation, delayed_copy, mqar, parity_task, permutation_steps
+from .tasks import BOS, N_SPECIAL, PAD, LaggedTopicLanguage, ModeBigramLanguage, cyclic_permutation, delayed_copy, mqar, parity_task, permutation_steps
 from .tasks import copy_task, induction_heads, reverse_task, selective_copying
 from .train import cross_entropy, progress_range, train_loop
 from .transformer import EncoderLayer, TransformerLM, count_params
+from . import sparse
 from .utils import check_positive_int
 
 
@@ -646,3 +650,183 @@ def induction_heads_run(kind: str, *, train_len: int = 32, test_lens: Sequence[i
     acc = {int(L): _masked_accuracy(model, *induction_heads(eval_batch, L, vocab, generator=test_gen, device=device))
            for L in test_lens}
     return {"accuracy": acc, "losses": losses, "chance": 1 / (vocab - 2)}
+
+
+# ----------------------------------------------------------------------------- Chapter 7 (M7.2, M7.10, M7.11, M7.13)
+SPARSE_RECALL_PATTERNS = ("dense", "window", "window + global", "BigBird", "LSH")
+
+
+def sparse_recall_mask(pattern: str, length: int, *, n_global: int, window: int, block: int,
+                       seed: int = 0) -> torch.Tensor | None:
+    """The two-sided ``(length, length)`` mask of ``pattern`` for `train_sparse_recall`; None for "LSH".
+
+    "window": `sparse.sliding_window_mask`; "window + global": `sparse.longformer_mask` with the first
+    ``n_global`` positions global; "BigBird": `sparse.bigbird_layout` with blocks of ``block``, one
+    window block on each side, one random block (drawn with ``seed``) and the first ``n_global //
+    block`` blocks global. LSH pairs depend on the content, so it has no fixed mask.
+    """
+    if pattern not in SPARSE_RECALL_PATTERNS:
+        raise ValueError(f"pattern must be one of {SPARSE_RECALL_PATTERNS}, got {pattern!r}")
+    if pattern == "dense":
+        return torch.ones(length, length, dtype=torch.bool)
+    if pattern == "window":
+        return sparse.sliding_window_mask(length, window)
+    if pattern == "window + global":
+        return sparse.longformer_mask(length, window, 1, range(n_global))
+    if pattern == "BigBird":
+        if length % block or n_global % block:
+            raise ValueError(f"BigBird needs length and n_global multiples of block, got length={length}, "
+                             f"n_global={n_global}, block={block}")
+        layout = sparse.bigbird_layout(length // block, 1, 1, n_global // block, seed)
+        return sparse.expand_layout(layout, block)
+    return None
+
+
+class StackedRecallNet(nn.Module):
+    """``M`` independent models of `RecallNet`'s architecture, two-sided, each with its own attention
+    pattern, run in one batched pass (every weight has a leading model dimension).
+
+    ``forward(ids (M, B, L)) -> logits (M, B, L, vocab)``. ``masks (M, L, L)`` boolean; the models
+    with ``lsh[m]`` True use `sparse.lsh_attention` (shared QK: the query projection is also the key;
+    fresh rotations for each ``hash_seed``) and ignore their mask. ``seeds[m]`` seeds model ``m``'s
+    initial weights, so models with the same seed start from the same weights.
+    """
+
+    def __init__(self, vocab: int, length: int, masks: torch.Tensor, lsh: Sequence[bool], seeds: Sequence[int], *,
+                 d_model: int = 32, n_heads: int = 2, n_layers: int = 2, n_buckets: int = 4, chunk_len: int = 4,
+                 n_rounds: int = 2):
+        super().__init__()
+        if masks.dim() != 3 or masks.shape[1:] != (length, length) or not (len(lsh) == len(seeds) == len(masks)):
+            raise ValueError(f"masks must be (M, {length}, {length}) with one lsh flag and one seed per model, got "
+                             f"masks {tuple(masks.shape)}, {len(lsh)} lsh flags, {len(seeds)} seeds")
+        if d_model % n_heads:
+            raise ValueError(f"d_model must be a multiple of n_heads, got d_model={d_model}, n_heads={n_heads}")
+        self.register_buffer("masks", masks.bool())
+        self.register_buffer("lsh", torch.tensor(list(lsh), dtype=torch.bool))
+        self.n_heads, self.n_layers, self.hash_seed = n_heads, n_layers, 0
+        self.lsh_args = dict(n_buckets=n_buckets, chunk_len=chunk_len, n_rounds=n_rounds)
+        D = d_model
+        shapes = {"embed": (vocab, D), "pos": (length, D), "shift_w": (2 * D, D), "shift_b": (D,),
+                  "head_w": (D, vocab), "head_b": (vocab,)}
+        for i in range(n_layers):
+            shapes.update({f"qkv{i}_w": (D, 3 * D), f"qkv{i}_b": (3 * D,), f"out{i}_w": (D, D), f"out{i}_b": (D,),
+                           f"up{i}_w": (D, 2 * D), f"up{i}_b": (2 * D,), f"down{i}_w": (2 * D, D),
+                           f"down{i}_b": (D,)})
+            shapes.update({f"norm{j}{i}_{p}": (D,) for j in (1, 2) for p in "gb"})
+
+        def init(name, shape, gen):                               # as nn.Embedding, nn.Linear, nn.LayerNorm
+            if name == "embed":
+                return torch.randn(shape, generator=gen)
+            if name == "pos":
+                return 0.02 * torch.randn(shape, generator=gen)
+            if name.endswith("_w"):
+                return (2 * torch.rand(shape, generator=gen) - 1) * shape[0] ** -0.5
+            return torch.ones(shape) if name.endswith("_g") else torch.zeros(shape)
+
+        gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self.p = nn.ParameterDict({n: nn.Parameter(torch.stack([init(n, s, g) for g in gens]))
+                                   for n, s in shapes.items()})
+
+    def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        M, B, L, _ = x.shape
+        y = torch.baddbmm(self.p[name + "_b"][:, None], x.reshape(M, B * L, -1), self.p[name + "_w"])
+        return y.view(M, B, L, -1)
+
+    def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        g, b = self.p[name + "_g"], self.p[name + "_b"]
+        return F.layer_norm(x, x.shape[-1:]) * g[:, None, None] + b[:, None, None]
+
+    def _mix(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        M, B, L, D = x.shape
+        qkv = self._linear(x, f"qkv{i}").view(M, B, L, 3, self.n_heads, D // self.n_heads)
+        q, k, v = qkv.permute(3, 0, 1, 4, 2, 5)                           # (M, B, H, L, d_head) each
+        y = torch.empty_like(v)
+        fixed = ~self.lsh
+        if fixed.any():
+            y[fixed] = scaled_dot_product_attention(q[fixed], k[fixed], v[fixed], self.masks[fixed][:, None, None])
+        if self.lsh.any():
+            y[self.lsh] = sparse.lsh_attention(q[self.lsh], v[self.lsh], seed=self.hash_seed + 1000 * i,
+                                               **self.lsh_args)
+        return self._linear(y.transpose(2, 3).reshape(M, B, L, D), f"out{i}")
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = torch.stack([self.p["embed"][m][ids[m]] for m in range(ids.shape[0])]) + self.p["pos"][:, None]
+        prev = F.pad(x, (0, 0, 1, 0))[:, :, :-1]                        # the previous token's embedding
+        x = self._linear(torch.cat([x, prev], dim=-1), "shift")
+        for i in range(self.n_layers):
+            x = x + self._mix(i, self._norm(x, f"norm1{i}"))
+            x = x + self._linear(F.gelu(self._linear(self._norm(x, f"norm2{i}"), f"up{i}")), f"down{i}")
+        return self._linear(x, "head")
+
+
+def train_sparse_recall(patterns: Sequence[str] = SPARSE_RECALL_PATTERNS, seeds: Sequence[int] = (0, 1, 2), *,
+                        n_pairs: int = 8, n_global: int = 4, window: int = 4, block: int = 4, steps: int = 300,
+                        d_model: int = 32, n_heads: int = 2, n_layers: int = 2, batch: int = 32, lr: float = 3e-3,
+                        eval_batch: int = 256, n_buckets: int = 4, chunk_len: int = 4, n_rounds: int = 2) -> dict:
+    """Train one `StackedRecallNet` per (pattern, seed) on `mqar` after ``n_global`` BOS tokens (M7.11).
+
+    Every model has the same parameters, initial weights (per seed) and batches (per seed); only the
+    attention pattern (`sparse_recall_mask`, or LSH) differs. Each model's loss is its own mean over the
+    query positions, so the models train independently (AdamW is elementwise; no gradient clipping).
+    Accuracy is measured on ``eval_batch`` fresh sequences (seed ``10_000 + seed``), overall and split
+    by whether the query's value token is more than ``n_layers * window + 1`` positions back, out of a
+    window stack's reach (the ``+ 1``: the token after the value also holds it, through the shift).
+    Returns per-seed lists for ``accuracy``, ``accuracy_far``, ``accuracy_near`` and ``loss`` (every
+    step), the masks' ``density`` (nnz / L², mean over seeds; None for LSH), ``chance`` (one over the
+    number of value tokens), ``length``, ``reach`` and ``far_share`` (the share of far queries).
+    """
+    seeds = [int(s) for s in seeds]
+    vocab = 4 * n_pairs + 2
+    length = n_global + 3 * n_pairs
+    runs = [(p, s) for p in patterns for s in seeds]
+    masks = [sparse_recall_mask(p, length, n_global=n_global, window=window, block=block, seed=s) for p, s in runs]
+    stack = torch.stack([torch.ones(length, length, dtype=torch.bool) if m is None else m for m in masks])
+    model = StackedRecallNet(vocab, length, stack, [m is None for m in masks], [s for _, s in runs],
+                             d_model=d_model, n_heads=n_heads, n_layers=n_layers, n_buckets=n_buckets,
+                             chunk_len=chunk_len, n_rounds=n_rounds)
+    which = torch.tensor([seeds.index(s) for _, s in runs])
+
+    def sample(n, gens):
+        ids, targets = zip(*(mqar(n, n_pairs, vocab, generator=g) for g in gens))
+        ids, targets = torch.stack(ids)[which], torch.stack(targets)[which]
+        prefix = torch.full((*ids.shape[:2], n_global), BOS)
+        return torch.cat([prefix, ids], -1), torch.cat([torch.full_like(prefix, PAD), targets], -1)
+
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    per_model = []
+
+    def loss_fn(m, step):
+        m.hash_seed = step
+        ids, targets = sample(batch, gens)
+        logits = m(ids)
+        losses = torch.stack([cross_entropy(logits[i], targets[i], ignore_index=PAD) for i in range(len(runs))])
+        per_model.append(losses.detach())
+        return losses.sum()
+
+    train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10, grad_clip=None, desc="sparse recall")
+    ids, targets = sample(eval_batch, [torch.Generator().manual_seed(10_000 + s) for s in seeds])
+    model.eval()
+    model.hash_seed = 10 ** 6
+    with torch.no_grad():
+        correct = model(ids).argmax(-1) == targets
+    first_query = n_global + 2 * n_pairs
+    keys = ids[..., n_global:first_query:2]                                           # (M, B, n_pairs)
+    slot = (keys[..., None, :] == ids[..., first_query:, None]).float().argmax(-1)     # pair of each query
+    distance = torch.arange(first_query, length) - (n_global + 2 * slot + 1)
+    far = distance > n_layers * window + 1
+    hit = correct[..., first_query:]
+    curve = torch.stack(per_model, -1)                                                 # (M, steps)
+
+    def by_pattern(values):
+        return {p: [values[i] for i, (q, _) in enumerate(runs) if q == p] for p in patterns}
+
+    return {
+        "accuracy": by_pattern(hit.float().mean((1, 2)).tolist()),
+        "accuracy_far": by_pattern([hit[i][far[i]].float().mean().item() for i in range(len(runs))]),
+        "accuracy_near": by_pattern([hit[i][~far[i]].float().mean().item() for i in range(len(runs))]),
+        "loss": by_pattern(curve.tolist()),
+        "density": {p: None if p == "LSH" else statistics.fmean(
+            sparse.nnz(m) / length ** 2 for m, (q, _) in zip(masks, runs) if q == p) for p in patterns},
+        "chance": 1 / (vocab - N_SPECIAL - (vocab - N_SPECIAL) // 2),
+        "length": length, "reach": n_layers * window + 1, "far_share": far.float().mean().item(),
+    }

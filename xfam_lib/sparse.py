@@ -80,6 +80,7 @@ __all__ = [
     "GALLERY",
     "pattern_mask",
     "masked_attention_flops",
+    "tile_occupancy",
 ]
 
 
@@ -1252,3 +1253,23 @@ def masked_attention_flops(mask: torch.Tensor, d_k: int, d_v: int | None = None)
     d_k = check_positive_int("d_k", d_k)
     d_v = d_k if d_v is None else check_positive_int("d_v", d_v)
     return 2 * nnz(mask) * (d_k + d_v)
+
+
+def tile_occupancy(mask: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which ``block_size x block_size`` tiles of a boolean ``(..., Lq, Lk)`` mask a tiled kernel visits.
+
+    Returns ``(partial, full)``, boolean ``(..., ceil(Lq / b), ceil(Lk / b))``: ``full`` tiles are all
+    allowed (no mask needed inside), ``partial`` tiles mix allowed and forbidden pairs (the mask is
+    applied inside), every other tile is skipped. This is how FlexAttention's ``BlockMask`` splits
+    a mask (its ``full_kv_num_blocks`` and ``kv_num_blocks``). A ragged edge is padded with forbidden
+    pairs, so an edge tile is never full.
+    """
+    check_tensor("mask", mask, min_rank=2)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean, got dtype {mask.dtype}")
+    b = check_block_size("block_size", block_size)
+    n_q, n_k = -(-mask.shape[-2] // b), -(-mask.shape[-1] // b)
+    padded = F.pad(mask, (0, n_k * b - mask.shape[-1], 0, n_q * b - mask.shape[-2]), value=False)
+    tiles = padded.unflatten(-1, (n_k, b)).unflatten(-3, (n_q, b))              # (..., n_q, b, n_k, b)
+    any_, all_ = tiles.any(-1).any(-2), tiles.all(-1).all(-2)
+    return any_ & ~all_, all_
