@@ -193,6 +193,39 @@ def conditioning_first_dim(target, rewards):
     return target - (rewards.cumsum(0) - rewards)                              # time on dim 0
 
 
+# ----------------------------------------------------------------------------- q4a: reinforce_loss
+def _pg(logits, values, actions, rewards, *, shift=False, whole=False, detach=True, sign=1.0, baseline=True):
+    g = rewards.flip(-1).cumsum(-1).flip(-1)
+    if shift:                                                  # G_{t+1}: the reward of step t left out
+        g = g - rewards
+    if whole:                                                  # the episode's return at every step
+        g = g[:, :1].expand_as(g)
+    logp = logits.log_softmax(-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    advantage = g - values
+    weight = (advantage.detach() if detach else advantage) if baseline else g
+    return -sign * (logp * weight).mean() + 0.5 * advantage.pow(2).mean()
+
+
+def pg_excludes_now(logits, values, actions, rewards):
+    return _pg(logits, values, actions, rewards, shift=True)
+
+
+def pg_whole_return(logits, values, actions, rewards):
+    return _pg(logits, values, actions, rewards, whole=True)
+
+
+def pg_no_detach(logits, values, actions, rewards):
+    return _pg(logits, values, actions, rewards, detach=False)   # the policy term also moves the baseline
+
+
+def pg_ascends(logits, values, actions, rewards):
+    return _pg(logits, values, actions, rewards, sign=-1.0)
+
+
+def pg_no_baseline(logits, values, actions, rewards):
+    return _pg(logits, values, actions, rewards, baseline=False)
+
+
 WRONG_ANSWERS = {
     "q1a": {
         "off_by_one": ({"gru_gate": gate_adds_bias}, "max abs error"),
@@ -235,5 +268,12 @@ WRONG_ANSWERS = {
         "ignores_target": ({"conditioning_returns": conditioning_ignores_target}, "max abs error"),
         "adds_rewards": ({"conditioning_returns": conditioning_adds_rewards}, "max abs error"),
         "first_dim": ({"conditioning_returns": conditioning_first_dim}, "max abs error"),
+    },
+    "q4a": {
+        "off_by_one": ({"reinforce_loss": pg_excludes_now}, "max abs error"),
+        "whole_return": ({"reinforce_loss": pg_whole_return}, "max abs error"),
+        "no_detach": ({"reinforce_loss": pg_no_detach}, "max abs error"),
+        "ascends": ({"reinforce_loss": pg_ascends}, "max abs error"),
+        "no_baseline": ({"reinforce_loss": pg_no_baseline}, "max abs error"),
     },
 }
