@@ -226,6 +226,36 @@ def pg_no_baseline(logits, values, actions, rewards):
     return _pg(logits, values, actions, rewards, baseline=False)
 
 
+# ----------------------------------------------------------------------------- q4b: return_conditioned_policy
+def _conditioned(actions, rewards, target, n_actions, *, first_step=False, at_least=False, whole=False,
+                 counts_only=False):
+    rtg = rewards.flip(-1).cumsum(-1).flip(-1)
+    if whole:                                                  # the episode's return at every step
+        rtg = rtg[:, :1].expand_as(rtg)
+    hit = rtg >= target if at_least else rtg == target
+    if first_step:
+        hit = hit[:, :1]
+        actions = actions[:, :1]
+    counts = torch.bincount(actions[hit], minlength=n_actions).double()
+    return counts if counts_only else counts / counts.sum()
+
+
+def conditioned_first_step(actions, rewards, target, n_actions):
+    return _conditioned(actions, rewards, target, n_actions, first_step=True)
+
+
+def conditioned_at_least(actions, rewards, target, n_actions):
+    return _conditioned(actions, rewards, target, n_actions, at_least=True)
+
+
+def conditioned_on_episode_return(actions, rewards, target, n_actions):
+    return _conditioned(actions, rewards, target, n_actions, whole=True)
+
+
+def conditioned_counts(actions, rewards, target, n_actions):
+    return _conditioned(actions, rewards, target, n_actions, counts_only=True)
+
+
 WRONG_ANSWERS = {
     "q1a": {
         "off_by_one": ({"gru_gate": gate_adds_bias}, "max abs error"),
@@ -275,5 +305,11 @@ WRONG_ANSWERS = {
         "no_detach": ({"reinforce_loss": pg_no_detach}, "max abs error"),
         "ascends": ({"reinforce_loss": pg_ascends}, "max abs error"),
         "no_baseline": ({"reinforce_loss": pg_no_baseline}, "max abs error"),
+    },
+    "q4b": {
+        "off_by_one": ({"return_conditioned_policy": conditioned_first_step}, "max abs error"),
+        "at_least": ({"return_conditioned_policy": conditioned_at_least}, "max abs error"),
+        "episode_return": ({"return_conditioned_policy": conditioned_on_episode_return}, "max abs error"),
+        "counts": ({"return_conditioned_policy": conditioned_counts}, "max abs error"),
     },
 }
