@@ -55,7 +55,7 @@ SETUP_TAG = "hide-cell"
 COLAB_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4", "provenance": []}}
 PLUGIN = "xfam_grading.OtterJudge"
 TORCH_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
-WHEEL_DEPENDENCIES = ("torch", "numpy", "matplotlib", "ipywidgets", "tqdm")   # pyproject's, pinned from the lock
+WHEEL_DEPENDENCIES = ("torch", "numpy", "matplotlib", "ipywidgets", "tqdm", "gymnasium")  # pyproject's, pinned from the lock
 VOLATILE = {".OTTER_LOG", "__pycache__", ".ipynb_checkpoints"}   # made by running a notebook, never generated
 
 

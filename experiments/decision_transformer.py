@@ -1,17 +1,19 @@
-"""Does a Decision Transformer's achieved return follow the return it is asked for? (M10.5, FIGURES F10.2)
+"""Does a Decision Transformer's achieved return follow the return it is asked for? (M10.5)
 
 Every seed collects its own offline dataset with `xfam_lib.rl.collect_offline_dataset` on a
-`xfam_lib.rl.ChainMDP` (12 cells, 10 steps; scripted policies that move right with probability 0.1,
-0.3 or 0.5, so the data hold no episode near the best possible return), trains a fresh
-`xfam_lib.rl.DecisionTransformer` on it with `xfam_lib.rl.train_decision_transformer`, and plays one
-greedy episode per target return with `xfam_lib.rl.rollout` (environment and policy are deterministic,
-so one episode per target is exact). Targets run from 0 to ``max_return + 2``: beyond the dataset's best
-return and beyond what the chain allows, the region where Chen et al. (2021, Figure 4) see the
-achieved return saturate.
+`xfam_lib.rl.ChainMDP` (16 cells, 12 steps; in each cell only the action equal to that cell's key bit,
+drawn afresh per episode and shown in the state, moves on and earns 1). Scripted policies play the key
+bit with probability 0.1, 0.25 or 0.4, so the best return in the data lies well below the chain's
+maximum of 12, and every target up to 12 is reachable. Three models with the same network are trained
+on the same data with `xfam_lib.rl.train_decision_transformer`: the Decision Transformer, behaviour
+cloning (``use_returns=False``: the returns-to-go are zeroed) and a state-blind Decision Transformer
+(``use_states=False``), the control that shows the rewards need the state. `xfam_lib.rl.rollout` plays
+32 greedy episodes per target return, 0 to 12 (Chen et al. 2021, Figure 4, is the published
+counterpart: tracking inside the data's range, saturation beyond it).
 
 Results (per seed) go to ``experiments/results/decision_transformer.json``; chapter 10 plots them.
-Usage: ``python experiments/decision_transformer.py [--seeds 0 1 2 3 4] [--steps 300]`` (about a minute of
-CPU on one core with the defaults; ``--quick`` runs one seed for 60 steps).
+Usage: ``python experiments/decision_transformer.py [--seeds 0 1 2] [--steps 300]`` (``--quick``: one
+seed, 30 steps).
 """
 from __future__ import annotations
 
@@ -23,45 +25,54 @@ from pathlib import Path
 
 import torch
 
-from xfam_lib.rl import ChainMDP, DecisionTransformer, collect_offline_dataset, rollout, train_decision_transformer
+from xfam_lib.rl import DecisionTransformer, ChainMDP, collect_offline_dataset, rollout, train_decision_transformer
 
 OUT = Path(__file__).resolve().parent / "results" / "decision_transformer.json"
+MODELS = {"Decision Transformer": {}, "behaviour cloning": {"use_returns": False},
+          "state-blind Decision Transformer": {"use_states": False}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--episodes-per-target", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="one seed, 60 steps")
+    parser.add_argument("--quick", action="store_true", help="one seed, 30 steps")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if args.quick:
-        args.seeds, args.steps = args.seeds[:1], 60
+        args.seeds, args.steps = args.seeds[:1], 30
     torch.set_num_threads(args.threads)
-    env_cfg = dict(n_states=12, horizon=10)
-    data_cfg = dict(n_episodes=300, p_right=[0.1, 0.3, 0.5])
+    env_cfg = dict(n_states=16, horizon=12)
+    data_cfg = dict(n_episodes=300, p_open=[0.1, 0.25, 0.4])
     model_cfg = dict(d_model=32, n_layers=2, n_heads=2)
     train_cfg = dict(steps=args.steps, batch=64, lr=3e-3)
     env = ChainMDP(**env_cfg)
-    targets = list(range(env.max_return + 3))
+    targets = list(range(env.max_return + 1))
+    per_target = torch.tensor(targets).repeat_interleave(args.episodes_per_target)
     start, cpu_start = time.perf_counter(), time.process_time()
     per_seed = []
     for seed in args.seeds:
-        data = collect_offline_dataset(env, data_cfg["n_episodes"], p_right=tuple(data_cfg["p_right"]), seed=seed)
-        torch.manual_seed(seed)
-        model = DecisionTransformer(env.n_states, env.n_actions, max_timestep=env.horizon, **model_cfg)
-        losses = train_decision_transformer(model, data, seed=seed, **train_cfg)
-        achieved = [rollout(model, env, target) for target in targets]
-        per_seed.append({"seed": seed, "achieved": achieved, "dataset_best_return": float(data.returns.max()),
-                         "dataset_mean_return": float(data.returns.mean()),
-                         "dataset_return_counts": torch.bincount(data.returns.long(), minlength=env.max_return + 1).tolist(),
-                         "final_loss": losses[-1], "loss_every_10_steps": losses[::10]})
-        print(f"seed {seed}: dataset best {float(data.returns.max()):.0f}, achieved {achieved} "
-              f"({time.perf_counter() - start:.0f} s)", flush=True)
+        data = collect_offline_dataset(env, data_cfg["n_episodes"], p_open=tuple(data_cfg["p_open"]), seed=seed)
+        run = {"seed": seed, "dataset_best_return": float(data.returns.max()),
+               "dataset_mean_return": float(data.returns.mean()),
+               "dataset_return_counts": torch.bincount(data.returns.long(), minlength=env.max_return + 1).tolist(),
+               "achieved": {}, "final_loss": {}}
+        for name, flags in MODELS.items():
+            torch.manual_seed(seed)
+            model = DecisionTransformer(env.obs_dim, env.n_actions, max_timestep=env.horizon, **model_cfg, **flags)
+            losses = train_decision_transformer(model, data, seed=seed, **train_cfg)
+            achieved = rollout(model, env, per_target, seed=10_000 + seed).view(len(targets), -1)
+            run["achieved"][name] = achieved.mean(1).tolist()
+            run["final_loss"][name] = losses[-1]
+            print(f"seed {seed} {name}: dataset best {run['dataset_best_return']:.0f}, mean achieved "
+                  f"{[round(a, 1) for a in run['achieved'][name]]} ({time.perf_counter() - start:.0f} s)", flush=True)
+        per_seed.append(run)
     result = {
         "config": {"env": env_cfg, "data": data_cfg, "model": {**model_cfg, "max_timestep": env.horizon},
-                   "train": train_cfg, "seeds": args.seeds},
+                   "train": train_cfg, "seeds": args.seeds, "episodes_per_target": args.episodes_per_target,
+                   "models": MODELS},
         "max_return": env.max_return,
         "targets": targets,
         "per_seed": per_seed,

@@ -13,21 +13,29 @@ from hypothesis import strategies as st
 
 from xfam_lib.attention import causal_mask
 from xfam_lib.rl import (
-    ChainMDP,
     CueRecallNet,
     DecisionTransformer,
     GRUGate,
     GTrXLBlock,
+    ChainMDP,
+    LSTMPolicy,
+    TMaze,
+    TransformerPolicy,
     collect_offline_dataset,
+    count_parameters,
     cue_recall_batch,
     dt_action_token_index,
     gate_deviation,
     interleave_trajectory,
     layer_gradient_norms,
+    match_parameters,
+    play_episodes,
+    reinforce_loss,
     returns_to_go,
     rollout,
     train_cue_recall,
     train_decision_transformer,
+    train_reinforce,
 )
 from xfam_lib.testing import assert_close
 from xfam_lib.transformer import EncoderLayer
@@ -339,43 +347,180 @@ def test_decision_transformer_rejects_bad_input(gen):
 
 
 # ----------------------------------------------------------------------------- M10.5 environment, data, rollout
-def test_chain_mdp_and_offline_dataset_M10_5():
-    """Rewards follow the chain's rules; R̂_1 is each episode's return; the returns span 0 … max_return (a
-    6-cell chain over 8 steps reaches 5 by walking right, 6 by stepping back and forth at the end); seeded."""
-    env = ChainMDP(n_states=6, horizon=8)
-    assert env.step(0, 0) == (0, 0.0) and env.step(0, 1) == (1, 1.0) and env.step(5, 1) == (5, 0.0)
-    data = collect_offline_dataset(env, 100, seed=3)
+def test_lock_chain_rules_and_offline_dataset_M10_5():
+    """Only the key bit of the current cell moves on and earns 1; the state shows the cell and that bit;
+    R̂_1 is each episode's return; a scripted policy that always plays the key earns max_return and one
+    that never does earns 0; seeded."""
+    env = ChainMDP(n_states=6, horizon=4)
+    keys = torch.tensor([[1, 0, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0]])
+    cells = torch.tensor([0, 5])
+    nxt, reward = env.step(cells, keys, torch.tensor([1, 0]))
+    assert nxt.tolist() == [1, 5] and reward.tolist() == [1.0, 0.0]           # the last cell earns nothing
+    nxt, reward = env.step(cells, keys, torch.tensor([0, 1]))
+    assert nxt.tolist() == [0, 5] and reward.tolist() == [0.0, 0.0]
+    obs = env.observe(torch.tensor([2, 1]), keys)
+    assert obs[0].tolist() == [0, 0, 1, 0, 0, 0, 0, 1] and obs[1].tolist() == [0, 1, 0, 0, 0, 0, 1, 0]
+    data = collect_offline_dataset(env, 60, p_open=(0.0, 0.5, 1.0), seed=3)
     assert torch.equal(data.rtg[:, 0], data.returns)
-    cells = data.states.argmax(-1)
-    moved_right = (cells[:, 1:] == cells[:, :-1] + 1)
-    assert torch.equal(moved_right.double(), data.rewards[:, :-1].double())
-    assert set(data.returns.long().tolist()) == set(range(env.max_return + 1))     # 0 … 5 + (8 − 5) // 2 = 6
-    again = collect_offline_dataset(env, 100, seed=3)
-    assert torch.equal(again.actions, data.actions)
+    assert (data.returns[0::3] == 0).all() and (data.returns[2::3] == env.max_return).all()
+    key_bit = data.states[..., env.n_states:].argmax(-1)
+    assert torch.equal((data.actions == key_bit).float(), data.rewards)        # reward = "played the key"
+    assert torch.equal(collect_offline_dataset(env, 60, p_open=(0.0, 0.5, 1.0), seed=3).actions, data.actions)
+    with pytest.raises(ValueError, match="actions must be 0 or 1"):
+        env.step(cells, keys, torch.tensor([2, 0]))
 
 
-@pytest.mark.parametrize("n_states, horizon", [(6, 8), (12, 10), (4, 9)])
-def test_chain_mdp_max_return_by_brute_force_M10_5(n_states, horizon):
-    """Every action sequence played out: the reachable returns are exactly 0 … max_return."""
+def test_lock_chain_no_fixed_action_sequence_solves_it_M10_5():
+    """The reward depends on the state: over 256 combinations, the best fixed action sequence (all 2^6
+    tried; alternating is best, about 1.5 steps per lock) earns at most 70 % of the maximum on average,
+    while reading the key bit always earns it."""
     import itertools
-    env = ChainMDP(n_states, horizon)
-    reached = set()
-    for seq in itertools.product((0, 1), repeat=horizon):
-        cell, total = 0, 0.0
+    env = ChainMDP(n_states=8, horizon=6)
+    cells, keys = env.reset(256, torch.Generator().manual_seed(0))
+    best = 0.0
+    for seq in itertools.product((0, 1), repeat=env.horizon):
+        c, total = cells, torch.zeros(256)
         for action in seq:
-            cell, reward = env.step(cell, action)
+            c, reward = env.step(c, keys, torch.full((256,), action))
             total += reward
-        reached.add(int(total))
-    assert reached == set(range(env.max_return + 1))
+        best = max(best, float(total.mean()))
+    assert best < 0.7 * env.max_return, best
+    c, total = cells, torch.zeros(256)
+    for _ in range(env.horizon):
+        c, reward = env.step(c, keys, keys.gather(1, c[:, None])[:, 0])
+        total += reward
+    assert (total == env.max_return).all()
 
 
-def test_rollout_return_rises_with_the_target_M10_5():
-    """A small DT trained offline on mixed scripted policies achieves more when asked for more: achieved
-    return is non-decreasing over targets 0, 2, 4, 6 and spans at least 4 (one seed, soft check)."""
+def test_decision_transformer_controls_ignore_returns_or_states(gen):
+    """use_returns=False (behaviour cloning) makes the output independent of the returns-to-go,
+    use_states=False of the states; the full model depends on both."""
+    rtg, states = _randn(2, 5, gen=gen), _randn(2, 5, 5, gen=gen)
+    actions, ts = torch.randint(3, (2, 5), generator=gen), torch.arange(5).expand(2, 5)
+    for flags, moved in (({}, None), ({"use_returns": False}, "rtg"), ({"use_states": False}, "states")):
+        torch.manual_seed(0)
+        model = DecisionTransformer(5, 3, d_model=16, n_layers=1, n_heads=2, max_timestep=8, **flags).double()
+        base = model(rtg, states, actions, ts)
+        by_rtg = (model(rtg + 3.0, states, actions, ts) - base).abs().max()
+        by_states = (model(rtg, states + 1.0, actions, ts) - base).abs().max()
+        assert (by_rtg == 0) == (moved == "rtg") and (by_states == 0) == (moved == "states"), flags
+
+
+def test_rollout_tracks_the_target_on_the_lock_chain_M10_5():
+    """A small DT trained offline on mixed scripted policies achieves more when asked for more, and asked
+    for 0 it avoids the keys: mean achieved return rises over targets 0, 2, 4 and spans at least 3
+    (one seed, 16 episodes per target)."""
     torch.manual_seed(0)
     env = ChainMDP(n_states=8, horizon=6)
-    data = collect_offline_dataset(env, 200, seed=0)
-    model = DecisionTransformer(env.n_states, 2, d_model=16, n_layers=1, n_heads=2, max_timestep=env.horizon)
-    train_decision_transformer(model, data, steps=100, batch=32, lr=3e-3, seed=0)
-    achieved = [rollout(model, env, target) for target in (0, 2, 4, 6)]
-    assert all(a <= b for a, b in zip(achieved, achieved[1:])) and achieved[-1] - achieved[0] >= 4, achieved
+    data = collect_offline_dataset(env, 300, p_open=(0.2, 0.5, 0.8), seed=0)
+    model = DecisionTransformer(env.obs_dim, 2, d_model=16, n_layers=1, n_heads=2, max_timestep=env.horizon)
+    train_decision_transformer(model, data, steps=100, batch=64, lr=3e-3, seed=0)
+    achieved = rollout(model, env, torch.tensor([0, 2, 4]).repeat_interleave(16)).view(3, 16).mean(1)
+    assert (achieved.diff() > 0).all() and achieved[-1] - achieved[0] >= 3, achieved
+    assert_close(rollout(model, env, 4.0, episodes=16), rollout(model, env, torch.full((16,), 4.0)))
+    with pytest.raises(ValueError, match="target_return must have 1 dims"):
+        rollout(model, env, torch.zeros(2, 2))
+
+
+# ----------------------------------------------------------------------------- M10.2, M10.3: a memory task trained by policy gradient
+def test_t_maze_passes_gymnasium_check_env_and_needs_the_cue_M10_3():
+    """gymnasium's own checker accepts the environment. The cue appears only in the first observation,
+    the junction only in the last; the reward is +1 for the cue's turn and -1 otherwise; seeded."""
+    from gymnasium.utils.env_checker import check_env
+    env = TMaze(5)
+    check_env(env, skip_render_check=True)
+    cues = set()
+    for seed in range(20):
+        obs, info = env.reset(seed=seed)
+        cue, seen = info["cue"], [obs]
+        cues.add(cue)
+        for _ in range(4):
+            obs, reward, terminated, truncated, _ = env.step(1 - cue)
+            assert reward == 0.0 and not terminated and not truncated
+            seen.append(obs)
+        assert [o.argmax() for o in seen] == [cue, 2, 2, 2, 3] and env.step(cue)[1:3] == (1.0, True)
+        env.reset(seed=seed)
+        for _ in range(5):
+            last = env.step(1 - cue)
+        assert last[1] == -1.0 and last[2]
+        assert env.reset(seed=seed)[1]["cue"] == cue
+    assert cues == {0, 1}
+    with pytest.raises(ValueError, match="action must be 0"):
+        env.step(2)
+    with pytest.raises(ValueError, match="length must be at least 2"):
+        TMaze(1)
+
+
+def test_reinforce_loss_equals_its_formula_and_the_baseline_adds_no_bias_M10_3(gen):
+    """The loss written out by hand; and over a one-step bandit, the exact expected policy gradient
+    (every action weighted by its probability) is the same with a baseline of 0 or of 5."""
+    logits, values = _randn(3, 4, 2, gen=gen), _randn(3, 4, gen=gen)
+    actions, rewards = torch.randint(2, (3, 4), generator=gen), _randn(3, 4, gen=gen)
+    logp = logits.log_softmax(-1)
+    g = torch.stack([rewards[:, t:].sum(1) for t in range(4)], 1)
+    chosen = logp.gather(-1, actions[..., None])[..., 0]
+    entropy = -(logp.exp() * logp).sum(-1)
+    want = -(chosen * (g - values)).mean() + 0.5 * ((g - values) ** 2).mean() - 0.01 * entropy.mean()
+    assert_close(reinforce_loss(logits, values, actions, rewards), want)
+    arm_rewards = torch.tensor([1.0, -2.0, 0.5], dtype=F64)
+    expected = []
+    for b in (0.0, 5.0):
+        theta = _randn(3, gen=torch.Generator().manual_seed(1)).requires_grad_()
+        probs = theta.softmax(-1).detach()
+        total = 0
+        for a in range(3):
+            loss = reinforce_loss(theta.view(1, 1, 3), torch.full((1, 1), b, dtype=F64), torch.tensor([[a]]),
+                                  arm_rewards[a].view(1, 1), value_coef=0.0, entropy_coef=0.0)
+            total = total + probs[a] * torch.autograd.grad(loss, theta)[0]
+        expected.append(total)
+    assert_close(expected[0], expected[1])
+    assert expected[0].abs().max() > 1e-3
+    with pytest.raises(ValueError, match="values must be"):
+        reinforce_loss(logits, values[:, :3], actions, rewards)
+
+
+def test_play_episodes_is_seeded_and_feeds_the_policy_the_past_M10_3():
+    """Same seed, same episodes; the observations are the environments' own; greedy play is
+    deterministic; episodes of different lengths are refused."""
+    torch.manual_seed(0)
+    policy = LSTMPolicy(4, 2, 8)
+    envs = [TMaze(4) for _ in range(6)]
+    one, two = play_episodes(policy, envs, seed=3), play_episodes(policy, envs, seed=3)
+    assert torch.equal(one.actions, two.actions) and torch.equal(one.obs, two.obs)
+    assert one.obs.shape == (6, 4, 4) and one.rewards.shape == (6, 4)
+    cues = [env.reset(seed=3 + i)[1]["cue"] for i, env in enumerate(envs)]
+    assert one.obs[:, 0].argmax(-1).tolist() == cues and (one.obs[:, -1, 3] == 1).all()
+    assert (one.rewards[:, :-1] == 0).all() and set(one.rewards[:, -1].tolist()) <= {-1.0, 1.0}
+    greedy = play_episodes(policy, envs, seed=5, greedy=True)
+    assert torch.equal(greedy.actions, play_episodes(policy, envs, seed=5, greedy=True).actions)
+    with pytest.raises(ValueError, match="all end at the same step"):
+        play_episodes(policy, [TMaze(3), TMaze(4)], seed=0)
+
+
+def test_match_parameters_and_policies_M10_3():
+    """The matched size is the closest of all candidates (brute force); both policies map (B, T, obs)
+    to logits and values, and the Transformer policy is causal."""
+    target = count_parameters(TransformerPolicy(4, 2, d_model=16, n_layers=2, gate="gru"))
+    sizes = range(4, 200)
+    got = match_parameters(lambda h: LSTMPolicy(4, 2, h), sizes, target)
+    assert got == min(sizes, key=lambda h: abs(count_parameters(LSTMPolicy(4, 2, h)) - target))
+    torch.manual_seed(0)
+    policy = TransformerPolicy(4, 2, d_model=16, n_layers=2, gate="gru")
+    obs = torch.rand(3, 5, 4)
+    logits, values = policy(obs)
+    assert logits.shape == (3, 5, 2) and values.shape == (3, 5)
+    later = obs.clone()
+    later[:, 3:] += 1.0
+    assert_close(policy(later)[0][:, :3], logits[:, :3])
+    with pytest.raises(ValueError, match="obs must have 3 dims"):
+        policy(obs[0])
+
+
+def test_train_reinforce_solves_a_short_t_maze_with_an_lstm_M10_3():
+    """Policy gradient with a baseline learns the cue-to-turn memory of a 3-step T-maze: greedy return
+    from chance (about 0) to 1 (all held-out episodes right), in every one of 2 seeds."""
+    for seed in range(2):
+        torch.manual_seed(seed)
+        out = train_reinforce(LSTMPolicy(4, 2, 16), lambda: TMaze(3), updates=60, batch=16, lr=1e-2, seed=seed,
+                              eval_every=60)
+        assert out["eval_return"][0] < 0.5 and out["eval_return"][-1] == 1.0, (seed, out["eval_return"])

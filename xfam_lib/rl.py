@@ -3,13 +3,16 @@
 Layout: activations ``(B, L, d)``; trajectories ``(B, T, ...)`` with time on dim 1. Masks follow
 `xfam_lib.attention` (True = may attend). The toy environment `ChainMDP` and the scripted policies of
 `collect_offline_dataset` exist so the chapter can train a Decision Transformer offline on a CPU in
-seconds, with no download.
+seconds, with no download; `TMaze` (a `gymnasium.Env`), the LSTM and Transformer actor-critics and
+`train_reinforce` train memory policies by policy gradient.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+import gymnasium as gym
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,6 +27,8 @@ __all__ = [
     "train_cue_recall",
     "returns_to_go", "interleave_trajectory", "dt_action_token_index", "DecisionTransformer",
     "ChainMDP", "OfflineDataset", "collect_offline_dataset", "train_decision_transformer", "rollout",
+    "TMaze", "LSTMPolicy", "TransformerPolicy", "count_parameters", "Episodes", "play_episodes",
+    "reinforce_loss", "train_reinforce", "match_parameters",
 ]
 
 
@@ -273,12 +278,15 @@ class DecisionTransformer(nn.Module):
     output is ``tanh`` of a linear read-out.
 
     ``forward(rtg (B, T), states (B, T, state_dim), actions, timesteps (B, T) long)``. The action at the
-    last step may be any value: causality hides ``a_t`` from the prediction of ``a_t``.
+    last step may be any value: causality hides ``a_t`` from the prediction of ``a_t``. Controls:
+    ``use_returns=False`` zeroes the returns-to-go it reads (behaviour cloning with the same network),
+    ``use_states=False`` zeroes the states (a policy blind to the state).
     """
 
     def __init__(self, state_dim: int, act_dim: int, *, d_model: int = 64, n_layers: int = 2, n_heads: int = 2,
-                 max_timestep: int = 64, discrete: bool = True):
+                 max_timestep: int = 64, discrete: bool = True, use_returns: bool = True, use_states: bool = True):
         super().__init__()
+        self.use_returns, self.use_states = bool(use_returns), bool(use_states)
         self.state_dim, self.act_dim = check_positive_int("state_dim", state_dim), check_positive_int("act_dim", act_dim)
         self.max_timestep, self.discrete = check_positive_int("max_timestep", max_timestep), bool(discrete)
         self.embed_timestep = nn.Embedding(max_timestep, d_model)
@@ -312,6 +320,8 @@ class DecisionTransformer(nn.Module):
     def forward(self, rtg: torch.Tensor, states: torch.Tensor, actions: torch.Tensor,
                 timesteps: torch.Tensor) -> torch.Tensor:
         self._check(rtg, states, actions, timesteps)
+        rtg = rtg if self.use_returns else torch.zeros_like(rtg)
+        states = states if self.use_states else torch.zeros_like(states)
         time = self.embed_timestep(timesteps)
         tokens = interleave_trajectory(self.embed_return(rtg.unsqueeze(-1)) + time,
                                        self.embed_state(states) + time, self.embed_action(actions) + time)
@@ -324,37 +334,47 @@ class DecisionTransformer(nn.Module):
 
 # ----------------------------------------------------------------------------- a toy environment and offline data (M10.5)
 class ChainMDP:
-    """A deterministic chain of ``n_states`` cells; an episode starts in cell 0 and lasts ``horizon`` steps.
+    """A chain of ``n_states`` cells with a lock in each; episodes start in cell 0 and last ``horizon`` steps.
 
-    Action 1 moves right and earns reward 1 (at the right end it stays and earns 0); action 0 moves
-    left (or stays at cell 0) and earns 0. Every return from 0 to ``max_return`` is reachable: ``horizon``
-    if the chain is longer than the episode, else ``n_states - 1`` plus one for every second step left
-    over (stepping back and forth at the end). States are one-hot ``(n_states,)`` vectors.
+    Every episode draws a fresh combination, one key bit per cell. In cell ``c`` the action equal to the
+    key bit opens the lock: the agent moves to ``c + 1`` and earns 1; the other action keeps it in ``c``
+    and earns 0 (so does any action in the last cell). The reward depends on the state: the observation
+    ``(n_states + 2,)`` is the one-hot cell followed by the one-hot key bit of that cell. Without it an
+    agent needs 1.5 steps per lock on average (alternating actions), so no fixed action sequence earns
+    the maximum. Every return from 0 to ``max_return = min(horizon,
+    n_states - 1)`` is reachable. Batched: cells ``(N,)`` long, keys ``(N, n_states)`` long.
     """
 
     n_actions = 2
 
-    def __init__(self, n_states: int = 12, horizon: int = 10):
+    def __init__(self, n_states: int = 16, horizon: int = 12):
         self.n_states = check_positive_int("n_states", n_states)
         self.horizon = check_positive_int("horizon", horizon)
-        reach = self.n_states - 1
-        self.max_return = self.horizon if self.horizon <= reach else reach + (self.horizon - reach) // 2
+        self.max_return = min(self.horizon, self.n_states - 1)
+        self.obs_dim = self.n_states + 2
 
-    def observe(self, cell: int) -> torch.Tensor:
-        return F.one_hot(torch.tensor(cell), self.n_states).float()
+    def reset(self, n: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cells (n,) all 0, keys (n, n_states))`` for ``n`` new episodes."""
+        keys = torch.randint(2, (check_positive_int("n", n), self.n_states), generator=generator)
+        return torch.zeros(n, dtype=torch.long), keys
 
-    def step(self, cell: int, action: int) -> tuple[int, float]:
-        """``(next_cell, reward)``."""
-        if action not in (0, 1):
-            raise ValueError(f"action must be 0 (left) or 1 (right), got {action!r}")
-        if action == 1:
-            return (cell + 1, 1.0) if cell + 1 < self.n_states else (cell, 0.0)
-        return max(cell - 1, 0), 0.0
+    def observe(self, cells: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """``(N, n_states + 2)``: one-hot cell, then one-hot key bit of that cell."""
+        bit = keys.gather(1, cells[:, None])[:, 0]
+        return torch.cat([F.one_hot(cells, self.n_states), F.one_hot(bit, 2)], dim=1).float()
+
+    def step(self, cells: torch.Tensor, keys: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(next_cells (N,), rewards (N,))``."""
+        if actions.shape != cells.shape or not ((actions == 0) | (actions == 1)).all():
+            raise ValueError(f"actions must be 0 or 1, one per episode {tuple(cells.shape)}, got "
+                             f"{tuple(actions.shape)} {actions.unique().tolist()}")
+        opens = (actions == keys.gather(1, cells[:, None])[:, 0]) & (cells < self.n_states - 1)
+        return cells + opens.long(), opens.float()
 
 
 @dataclass
 class OfflineDataset:
-    """Episodes of one `ChainMDP`: ``states (N, T, n_states)``, ``actions (N, T)`` long, ``rewards (N, T)``,
+    """Episodes of one `ChainMDP`: ``states (N, T, obs_dim)``, ``actions (N, T)`` long, ``rewards (N, T)``,
     ``rtg (N, T)`` (`returns_to_go` of the rewards), ``timesteps (N, T)``, ``returns (N,)``."""
 
     states: torch.Tensor
@@ -365,29 +385,31 @@ class OfflineDataset:
     returns: torch.Tensor
 
 
-def collect_offline_dataset(env: ChainMDP, n_episodes: int, *, p_right=(0.1, 0.3, 0.5, 0.7, 0.9),
+def collect_offline_dataset(env: ChainMDP, n_episodes: int, *, p_open=(0.1, 0.3, 0.5, 0.7, 0.9),
                             seed: int = 0) -> OfflineDataset:
-    """Roll out scripted policies: episode ``i`` moves right with probability ``p_right[i % len(p_right)]``.
+    """Roll out scripted policies: episode ``i`` plays the key bit with probability ``p_open[i % len(p_open)]``.
 
-    A mix of poor and good behaviour, so the returns cover the whole reachable range.
+    The scripted policies read the state; their returns are about ``p * horizon``, so the largest
+    ``p_open`` sets how close the data come to ``env.max_return``.
     """
     n_episodes = check_positive_int("n_episodes", n_episodes)
-    if not p_right or not all(0.0 <= p <= 1.0 for p in p_right):
-        raise ValueError(f"p_right must be a non-empty sequence of probabilities, got {p_right!r}")
+    if not p_open or not all(0.0 <= p <= 1.0 for p in p_open):
+        raise ValueError(f"p_open must be a non-empty sequence of probabilities, got {p_open!r}")
     gen = torch.Generator().manual_seed(seed)
-    T = env.horizon
-    states = torch.zeros(n_episodes, T, env.n_states)
-    actions = torch.zeros(n_episodes, T, dtype=torch.long)
-    rewards = torch.zeros(n_episodes, T)
-    for i in range(n_episodes):
-        cell, p = 0, p_right[i % len(p_right)]
-        for t in range(T):
-            states[i, t] = env.observe(cell)
-            action = int(torch.rand((), generator=gen) < p)
-            cell, reward = env.step(cell, action)
-            actions[i, t], rewards[i, t] = action, reward
-    timesteps = torch.arange(T).expand(n_episodes, T).clone()
-    return OfflineDataset(states, actions, rewards, returns_to_go(rewards), timesteps, rewards.sum(-1))
+    p = torch.tensor(p_open, dtype=torch.float)[torch.arange(n_episodes) % len(p_open)]
+    cells, keys = env.reset(n_episodes, gen)
+    states, actions, rewards = [], [], []
+    for _ in range(env.horizon):
+        states.append(env.observe(cells, keys))
+        bit = keys.gather(1, cells[:, None])[:, 0]
+        action = torch.where(torch.rand(n_episodes, generator=gen) < p, bit, 1 - bit)
+        cells, reward = env.step(cells, keys, action)
+        actions.append(action)
+        rewards.append(reward)
+    rewards = torch.stack(rewards, 1)
+    timesteps = torch.arange(env.horizon).expand(n_episodes, env.horizon).clone()
+    return OfflineDataset(torch.stack(states, 1), torch.stack(actions, 1), rewards, returns_to_go(rewards),
+                          timesteps, rewards.sum(-1))
 
 
 def train_decision_transformer(model: DecisionTransformer, data: OfflineDataset, *, steps: int = 300,
@@ -416,25 +438,244 @@ def train_decision_transformer(model: DecisionTransformer, data: OfflineDataset,
 
 
 @torch.no_grad()
-def rollout(model: DecisionTransformer, env: ChainMDP, target_return: float) -> float:
-    """Act greedily in ``env`` conditioned on ``target_return``; return the achieved return.
+def rollout(model: DecisionTransformer, env: ChainMDP, target_return, *, episodes: int = 1,
+            seed: int = 0) -> torch.Tensor:
+    """Play greedy episodes conditioned on a target return: the achieved returns ``(N,)``.
 
-    At step ``t`` the model sees the whole episode so far: returns-to-go ``target - rewards so far``,
-    states, actions (a placeholder for ``a_t``) and timesteps; it plays the argmax action at ``s_t``.
+    ``target_return`` is one number (played in ``episodes`` episodes) or one target per episode, ``(N,)``.
+    At step ``t`` the model sees each episode so far: returns-to-go ``target - rewards so far``, states,
+    actions (a placeholder for ``a_t``) and timesteps; it plays the argmax action read at ``s_t``. The
+    combinations are drawn with a CPU generator seeded with ``seed``.
     """
+    targets = torch.as_tensor(target_return, dtype=torch.float).cpu()
+    if targets.dim() == 0:
+        targets = targets.expand(check_positive_int("episodes", episodes))
+    check_tensor("target_return", targets, rank=1)
     if not model.discrete:
         raise ValueError("rollout drives ChainMDP, which has discrete actions: use a discrete model")
     device = next(model.parameters()).device
-    cell, achieved = 0, 0.0
+    n = len(targets)
+    cells, keys = env.reset(n, torch.Generator().manual_seed(seed))
+    achieved = torch.zeros(n)
     rtg, states, actions = [], [], []
     for t in range(env.horizon):
-        rtg.append(float(target_return) - achieved)
-        states.append(env.observe(cell))
-        actions.append(0)                                    # placeholder for a_t, never seen by its prediction
-        logits = model(torch.tensor([rtg], device=device), torch.stack(states)[None].to(device),
-                       torch.tensor([actions], device=device), torch.arange(t + 1, device=device)[None])
-        action = int(logits[0, -1].argmax())
-        actions[-1] = action
-        cell, reward = env.step(cell, action)
-        achieved += reward
+        rtg.append(targets - achieved)
+        states.append(env.observe(cells, keys))
+        actions.append(torch.zeros(n, dtype=torch.long))        # placeholder for a_t, never seen by its prediction
+        logits = model(torch.stack(rtg, 1).to(device), torch.stack(states, 1).to(device),
+                       torch.stack(actions, 1).to(device), torch.arange(t + 1, device=device).expand(n, t + 1))
+        actions[-1] = logits[:, -1].argmax(-1).cpu()
+        cells, reward = env.step(cells, keys, actions[-1])
+        achieved = achieved + reward
     return achieved
+
+
+# ----------------------------------------------------------------------------- a memory task and policy gradients (section 10.7)
+class TMaze(gym.Env):
+    """The passive T-maze, a memory task with partial observations (a POMDP), as a `gymnasium.Env`.
+
+    An episode lasts ``length`` steps. Step 0 shows the cue (left or right, drawn at reset); steps
+    ``1 .. length - 2`` show the same corridor; step ``length - 1`` shows the junction, where action 0
+    turns left and action 1 right: reward ``+1`` if the turn matches the cue, ``-1`` if not, and the
+    episode ends. Actions before the junction are ignored (reward 0): the only decision is the last,
+    and it needs the first observation, ``length - 1`` steps back. Observations are float32 ``(4,)``:
+    ``[cue left, cue right, corridor, junction]``.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, length: int = 8):
+        self.length = check_positive_int("length", length)
+        if self.length < 2:
+            raise ValueError(f"length must be at least 2 (cue and junction), got {length}")
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (4,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.cue, self.t = 0, 0
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros(4, dtype=np.float32)
+        obs[self.cue if self.t == 0 else (3 if self.t == self.length - 1 else 2)] = 1.0
+        return obs
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.cue, self.t = int(self.np_random.integers(2)), 0
+        return self._obs(), {"cue": self.cue}
+
+    def step(self, action):
+        if not self.action_space.contains(action):
+            raise ValueError(f"action must be 0 (left) or 1 (right), got {action!r}")
+        if self.t == self.length - 1:
+            reward = 1.0 if int(action) == self.cue else -1.0
+            return self._obs(), reward, True, False, {"cue": self.cue}
+        self.t += 1
+        return self._obs(), 0.0, False, False, {"cue": self.cue}
+
+
+class LSTMPolicy(nn.Module):
+    """A recurrent actor-critic: ``obs (B, T, obs_dim) -> (logits (B, T, n_actions), values (B, T))``.
+
+    A linear embedding, one LSTM layer of width ``hidden`` (Hochreiter & Schmidhuber 1997) and one linear
+    head for the action logits and the baseline ``V(o_<=t)``.
+    """
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: int = 32):
+        super().__init__()
+        self.n_actions = check_positive_int("n_actions", n_actions)
+        self.embed = nn.Linear(check_positive_int("obs_dim", obs_dim), check_positive_int("hidden", hidden))
+        self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, n_actions + 1)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        check_tensor("obs", obs, rank=3, floating=True)
+        out = self.head(self.lstm(self.embed(obs))[0])
+        return out[..., :self.n_actions], out[..., self.n_actions]
+
+
+class TransformerPolicy(nn.Module):
+    """A causal Transformer actor-critic over the episode so far: ``obs (B, T, obs_dim) -> (logits, values)``.
+
+    A linear embedding, ``n_layers`` `GTrXLBlock` s built with ``block_kwargs`` (GTrXL: ``gate="gru"``; the
+    ungated canonical stack: ``gate="residual", reorder=False``), a final LayerNorm and one linear head.
+    No position encoding: the blocks attend by content, and the junction announces itself.
+    """
+
+    def __init__(self, obs_dim: int, n_actions: int, *, d_model: int = 32, n_layers: int = 2, n_heads: int = 4,
+                 **block_kwargs):
+        super().__init__()
+        self.n_actions = check_positive_int("n_actions", n_actions)
+        self.embed = nn.Linear(check_positive_int("obs_dim", obs_dim), d_model)
+        self.blocks = nn.ModuleList(GTrXLBlock(d_model, n_heads, **block_kwargs)
+                                    for _ in range(check_positive_int("n_layers", n_layers)))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, n_actions + 1)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        check_tensor("obs", obs, rank=3, floating=True)
+        h = self.embed(obs)
+        for block in self.blocks:
+            h = block(h)
+        out = self.head(self.norm(h))
+        return out[..., :self.n_actions], out[..., self.n_actions]
+
+
+def count_parameters(model: nn.Module) -> int:
+    """The number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@dataclass
+class Episodes:
+    """``B`` episodes of one length ``T``: ``obs (B, T, obs_dim)``, ``actions (B, T)`` long, ``rewards (B, T)``."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+
+
+@torch.no_grad()
+def play_episodes(policy: nn.Module, envs, *, seed: int, greedy: bool = False) -> Episodes:
+    """Play one episode in each environment of ``envs`` (all of one fixed length), acting step by step.
+
+    At step ``t`` the policy reads the observations ``o_0 .. o_t`` of its episode and acts: it samples
+    from ``softmax(logits)`` (a CPU generator seeded with ``seed``; the environments are reset with
+    ``seed, seed + 1, ...``) or takes the argmax when ``greedy``. Raises if the episodes end at
+    different steps.
+    """
+    envs = list(envs)
+    if not envs:
+        raise ValueError("envs must hold at least one environment")
+    device = next(policy.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    seen = [torch.from_numpy(np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]))]
+    actions, rewards = [], []
+    while True:
+        logits = policy(torch.stack(seen, 1).to(device))[0][:, -1].float().cpu()
+        act = logits.argmax(-1) if greedy else torch.multinomial(logits.softmax(-1), 1, generator=gen)[:, 0]
+        steps = [env.step(int(a)) for env, a in zip(envs, act)]
+        done = [terminated or truncated for _, _, terminated, truncated, _ in steps]
+        actions.append(act)
+        rewards.append(torch.tensor([float(r) for _, r, _, _, _ in steps]))
+        if all(done):
+            break
+        if any(done):
+            raise ValueError("the episodes must all end at the same step (fixed-length tasks only)")
+        seen.append(torch.from_numpy(np.stack([ob for ob, *_ in steps])))
+    return Episodes(torch.stack(seen, 1), torch.stack(actions, 1), torch.stack(rewards, 1))
+
+
+def reinforce_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, *,
+                   gamma: float = 1.0, value_coef: float = 0.5, entropy_coef: float = 0.01) -> torch.Tensor:
+    """REINFORCE with a learned baseline (Williams 1992), averaged over ``(B, T)``.
+
+    ``logits (B, T, A)``, ``values (B, T)``, ``actions (B, T)`` long, ``rewards (B, T)``. With the
+    return-to-go ``G_t`` and the advantage ``A_t = G_t - V(o_<=t)`` (no gradient through it)::
+
+        loss = -mean(log pi(a_t | o_<=t) * A_t) + value_coef * mean((G_t - V_t)^2) - entropy_coef * mean(H_t)
+
+    The baseline lowers the variance of the gradient estimate without biasing it, because
+    ``E[grad log pi(a_t)] = 0`` for anything that does not depend on ``a_t``.
+    """
+    check_tensor("logits", logits, rank=3, floating=True)
+    b, t, _ = logits.shape
+    for name, x in (("values", values), ("actions", actions), ("rewards", rewards)):
+        check_tensor(name, x, rank=2)
+        if x.shape != (b, t):
+            raise ValueError(f"{name} must be (B={b}, T={t}) like logits, got {tuple(x.shape)}")
+    logp = logits.log_softmax(-1)
+    g = returns_to_go(rewards.to(logp.dtype), gamma)
+    chosen = logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return (-(chosen * (g - values).detach()).mean() + value_coef * (g - values).pow(2).mean()
+            - entropy_coef * entropy.mean())
+
+
+def train_reinforce(policy: nn.Module, make_env, *, updates: int = 100, batch: int = 32, lr: float = 3e-3,
+                    seed: int = 0, eval_every: int = 10, eval_episodes: int = 64) -> dict:
+    """Train ``policy`` with `reinforce_loss` and Adam on ``batch`` fresh episodes per update.
+
+    ``make_env()`` builds one environment. Every ``eval_every`` updates (and at the end) the greedy
+    policy plays ``eval_episodes`` held-out episodes. Returns ``{"mean_return": [per update],
+    "eval_updates": [...], "eval_return": [...]}``.
+    """
+    updates, batch = check_positive_int("updates", updates), check_positive_int("batch", batch)
+    envs = [make_env() for _ in range(batch)]
+    eval_envs = [make_env() for _ in range(check_positive_int("eval_episodes", eval_episodes))]
+    device = next(policy.parameters()).device
+    opt = torch.optim.Adam(policy.parameters(), lr=lr)
+    out = {"mean_return": [], "eval_updates": [], "eval_return": []}
+    for u in range(updates + 1):
+        if u % check_positive_int("eval_every", eval_every) == 0 or u == updates:
+            test = play_episodes(policy, eval_envs, seed=10**6 + seed * 10**4, greedy=True)
+            out["eval_updates"].append(u)
+            out["eval_return"].append(float(test.rewards.sum(1).mean()))
+        if u == updates:
+            break
+        ep = play_episodes(policy, envs, seed=seed * 10**5 + u * batch)
+        logits, values = policy(ep.obs.to(device))
+        loss = reinforce_loss(logits, values, ep.actions.to(device), ep.rewards.to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out["mean_return"].append(float(ep.rewards.sum(1).mean()))
+    return out
+
+
+def match_parameters(build, sizes, target: int):
+    """The size in ``sizes`` whose model ``build(size)`` has the parameter count closest to ``target``.
+
+    ``sizes`` is sorted and the count grows with the size, so a bisection builds only a few models.
+    Used to give policies of different kinds the same budget (an LSTM's width, a feed-forward width).
+    """
+    sizes = sorted(sizes)
+    if not sizes:
+        raise ValueError("sizes must hold at least one candidate")
+    lo, hi = 0, len(sizes) - 1
+    while lo < hi:                                           # first size with count >= target
+        mid = (lo + hi) // 2
+        if count_parameters(build(sizes[mid])) < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    near = sizes[max(lo - 1, 0):lo + 1]
+    return min(near, key=lambda size: abs(count_parameters(build(size)) - int(target)))

@@ -193,6 +193,69 @@ def conditioning_first_dim(target, rewards):
     return target - (rewards.cumsum(0) - rewards)                              # time on dim 0
 
 
+# ----------------------------------------------------------------------------- q4a: reinforce_loss
+def _pg(logits, values, actions, rewards, *, shift=False, whole=False, detach=True, sign=1.0, baseline=True):
+    g = rewards.flip(-1).cumsum(-1).flip(-1)
+    if shift:                                                  # G_{t+1}: the reward of step t left out
+        g = g - rewards
+    if whole:                                                  # the episode's return at every step
+        g = g[:, :1].expand_as(g)
+    logp = logits.log_softmax(-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    advantage = g - values
+    weight = (advantage.detach() if detach else advantage) if baseline else g
+    return -sign * (logp * weight).mean() + 0.5 * advantage.pow(2).mean()
+
+
+def pg_excludes_now(logits, values, actions, rewards):
+    return _pg(logits, values, actions, rewards, shift=True)
+
+
+def pg_whole_return(logits, values, actions, rewards):
+    return _pg(logits, values, actions, rewards, whole=True)
+
+
+def pg_no_detach(logits, values, actions, rewards):
+    return _pg(logits, values, actions, rewards, detach=False)   # the policy term also moves the baseline
+
+
+def pg_ascends(logits, values, actions, rewards):
+    return _pg(logits, values, actions, rewards, sign=-1.0)
+
+
+def pg_no_baseline(logits, values, actions, rewards):
+    return _pg(logits, values, actions, rewards, baseline=False)
+
+
+# ----------------------------------------------------------------------------- q4b: return_conditioned_policy
+def _conditioned(actions, rewards, target, n_actions, *, first_step=False, at_least=False, whole=False,
+                 counts_only=False):
+    rtg = rewards.flip(-1).cumsum(-1).flip(-1)
+    if whole:                                                  # the episode's return at every step
+        rtg = rtg[:, :1].expand_as(rtg)
+    hit = rtg >= target if at_least else rtg == target
+    if first_step:
+        hit = hit[:, :1]
+        actions = actions[:, :1]
+    counts = torch.bincount(actions[hit], minlength=n_actions).double()
+    return counts if counts_only else counts / counts.sum()
+
+
+def conditioned_first_step(actions, rewards, target, n_actions):
+    return _conditioned(actions, rewards, target, n_actions, first_step=True)
+
+
+def conditioned_at_least(actions, rewards, target, n_actions):
+    return _conditioned(actions, rewards, target, n_actions, at_least=True)
+
+
+def conditioned_on_episode_return(actions, rewards, target, n_actions):
+    return _conditioned(actions, rewards, target, n_actions, whole=True)
+
+
+def conditioned_counts(actions, rewards, target, n_actions):
+    return _conditioned(actions, rewards, target, n_actions, counts_only=True)
+
+
 WRONG_ANSWERS = {
     "q1a": {
         "off_by_one": ({"gru_gate": gate_adds_bias}, "max abs error"),
@@ -235,5 +298,18 @@ WRONG_ANSWERS = {
         "ignores_target": ({"conditioning_returns": conditioning_ignores_target}, "max abs error"),
         "adds_rewards": ({"conditioning_returns": conditioning_adds_rewards}, "max abs error"),
         "first_dim": ({"conditioning_returns": conditioning_first_dim}, "max abs error"),
+    },
+    "q4a": {
+        "off_by_one": ({"reinforce_loss": pg_excludes_now}, "max abs error"),
+        "whole_return": ({"reinforce_loss": pg_whole_return}, "max abs error"),
+        "no_detach": ({"reinforce_loss": pg_no_detach}, "max abs error"),
+        "ascends": ({"reinforce_loss": pg_ascends}, "max abs error"),
+        "no_baseline": ({"reinforce_loss": pg_no_baseline}, "max abs error"),
+    },
+    "q4b": {
+        "off_by_one": ({"return_conditioned_policy": conditioned_first_step}, "max abs error"),
+        "at_least": ({"return_conditioned_policy": conditioned_at_least}, "max abs error"),
+        "episode_return": ({"return_conditioned_policy": conditioned_on_episode_return}, "max abs error"),
+        "counts": ({"return_conditioned_policy": conditioned_counts}, "max abs error"),
     },
 }

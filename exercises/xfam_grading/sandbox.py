@@ -256,7 +256,7 @@ def isolation_available() -> str:
 # What a runner's file system holds besides the Python installation and the two packages: the
 # distributions xfam_lib depends on, with theirs (what the autograder zip installs for submissions),
 # and the system's shared libraries.
-_RUNTIME = ("torch", "numpy", "matplotlib", "tqdm", "ipywidgets")
+_RUNTIME = ("torch", "numpy", "matplotlib", "tqdm", "ipywidgets", "gymnasium")
 _SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf",
            "/etc/ld.so.conf.d", "/etc/fonts")
 
