@@ -1,7 +1,7 @@
 """Every chapter notebook is stored clean and starts the same way (DESIGN.md "Chapter anatomy").
 
 Stored without outputs; the canonical setup cell first (tagged hidden, from scripts/setup_cell.py);
-a Python 3 kernelspec; Colab's GPU-runtime metadata (so "Open in Colab" starts on a GPU); imports xfam_lib; a numbered title; cites its METHODS rows; listed in _toc.yml.
+code lines within the HTML column; a Python 3 kernelspec; Colab's GPU-runtime metadata (so "Open in Colab" starts on a GPU); imports xfam_lib; a numbered title; cites its METHODS rows; listed in _toc.yml.
 Exercise master notebooks are also stored without outputs.
 """
 import importlib.util
@@ -38,6 +38,32 @@ def test_stored_without_outputs(path):
         if cell["cell_type"] == "code":
             assert not cell.get("outputs"), f"cell {i} has outputs: strip them"
             assert cell.get("execution_count") is None, f"cell {i} has an execution count"
+
+
+CODE_COLUMN = 88     # characters of code the book's HTML column shows without cutting or scrolling
+
+
+@pytest.mark.parametrize("path", CHAPTERS + [ROOT / "book" / "benchmarks.ipynb"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_code_fits_the_html_column(path):
+    """Every code line of a page of the book fits the column (`ruff format` with the project's
+    line length gets most of the way; long strings and comments are split by hand)."""
+    wide = [f"cell {i} line {k + 1} ({len(line)} chars)"
+            for i, cell in enumerate(load(path)["cells"]) if cell["cell_type"] == "code"
+            for k, line in enumerate(source(cell).splitlines()) if len(line) > CODE_COLUMN]
+    assert not wide, f"{len(wide)} code lines wider than {CODE_COLUMN} columns: " + "; ".join(wide[:5])
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_figures_fit_the_html_column(path):
+    """Every ``figsize=(w, h)`` a chapter writes is at most `plots.MAX_WIDTH` inches wide: wider
+    figures are shrunk in the book's column until their text is too small (scripts/check_html.py
+    measures the built pages)."""
+    import xfam_lib.plots as plots
+
+    wide = [f"cell {i}: {m.group(0)}" for i, cell in enumerate(load(path)["cells"]) if cell["cell_type"] == "code"
+            for m in re.finditer(r"figsize=\(\s*([\d.]+)", source(cell)) if float(m.group(1)) > plots.MAX_WIDTH]
+    assert not wide, "figures wider than the column allows: " + "; ".join(wide)
 
 
 @pytest.mark.parametrize("path", CHAPTERS + EXERCISES, ids=lambda p: str(p.relative_to(ROOT)))
