@@ -69,15 +69,16 @@ def test_positional_masks_are_validated_like_attentions():
 
 def test_one_set_of_validators_in_utils():
     """Every module that takes q, k, v validates them with `utils.check_qkv` and `utils.resolve_scale`;
-    none keeps a private copy, and positional/sparse import no validator from attention."""
+    none keeps a private copy, and positional and the sparse kernels import no validator from attention."""
     import inspect
 
     from xfam_lib import attention, linear, sparse, utils
-    for module in (attention, linear, positional, sparse):
+    from xfam_lib.sparse import content, kernels
+    for module in (attention, linear, positional, kernels, content):
         assert module.check_qkv is utils.check_qkv and module.resolve_scale is utils.resolve_scale
         assert not hasattr(module, "_check_qkv") and not hasattr(module, "_resolve_scale")
-    for module in (positional, sparse):
-        imports = [line for line in inspect.getsource(module).splitlines() if "from .attention import" in line]
+    for module in (positional, kernels, content):
+        imports = [line for line in inspect.getsource(module).splitlines() if ".attention import" in line]
         assert not any("_check" in line or "_resolve" in line for line in imports), imports
     x, y = rand(2, 5, 8), rand(2, 5, 4)
     messages = set()
