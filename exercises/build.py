@@ -161,31 +161,48 @@ def chapter_url(notebook: str, anchor: str = "") -> str:
 _METHOD = r"M\d+\.\d+"
 
 
-def chapter_sections(notebook: str) -> list[tuple[int, str, str]]:
-    """``(level, title, anchor)`` of every heading of a chapter notebook; anchors as the book build makes them."""
+def chapter_sections(notebook: str) -> list[tuple[int, str, str, str]]:
+    """``(level, title, anchor, comments)`` of every heading of a chapter notebook: anchors as the book build
+    makes them; ``comments``: the ``<!-- M8.9 -->`` comments of the heading's cell below it."""
     from docutils.nodes import fully_normalize_name, make_id
 
     nb = nbformat.read(ROOT / "chapters" / notebook, as_version=4)
     sections, fence = [], False
     for cell in (c for c in nb.cells if c.cell_type == "markdown"):
+        current = None
         for line in cell.source.splitlines():
             fence = fence != line.lstrip().startswith(("```", "~~~"))
             heading = re.match(r"(#{1,6})\s+(.+?)\s*$", line)
             if heading and not fence:
-                sections.append((len(heading.group(1)), heading.group(2), make_id(fully_normalize_name(heading.group(2)))))
-    return sections
+                title = heading.group(2)
+                sections.append([len(heading.group(1)), title, make_id(fully_normalize_name(title)), ""])
+                current = sections[-1]
+            elif current is not None and "<!--" in line:
+                current[3] += " " + line
+    return [tuple(section) for section in sections]
 
 
 def question_section(notebook: str, prompt: str) -> tuple[str, str] | None:
-    """``(title, anchor)`` of the chapter section a question's METHODS markers (``<!-- M8.8 M8.9 -->``) point at:
-    the heading that names the most of them; on a tie the deepest, then the last."""
+    """``(title, anchor)`` of the chapter section a question's METHODS markers (``<!-- M8.8 M8.9 -->``) point at.
+
+    Below the chapter's title: the heading whose title names the most markers; on a tie, the one
+    naming the question's later marker, then the deepest, then the one whose comments name the most
+    markers and the fewest others (the most specific), then the first.
+    """
     comment = re.search(r"<!--(.*?)-->", prompt, flags=re.S)
     markers = re.findall(_METHOD, comment.group(1)) if comment else []
+
+    def named(text: str) -> list[int]:
+        return [i for i, m in enumerate(markers) if re.search(rf"{re.escape(m)}(?![\d.])", text)]
+
     best = None
-    for index, (level, title, anchor) in enumerate(chapter_sections(notebook)):
-        hits = sum(bool(re.search(rf"{re.escape(m)}(?![\d.])", title)) for m in markers)
-        if hits and (best is None or (hits, level, index) >= best[0]):
-            best = ((hits, level, index), title, anchor)
+    for index, (level, title, anchor, comments) in enumerate(chapter_sections(notebook)):
+        in_title, in_comments = named(title), named(comments)
+        if level > 1 and (in_title or in_comments):
+            others = len(re.findall(_METHOD, title + comments))
+            key = (len(in_title), max(in_title + in_comments), level, len(in_comments), -others, -index)
+            if best is None or key > best[0]:
+                best = (key, title, anchor)
     if best is None:
         return None
     return re.sub(rf"\s*\({_METHOD}[^)]*\)\s*$", "", best[1]), best[2]
