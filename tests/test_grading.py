@@ -152,6 +152,10 @@ def test_an_output_of_zero_at_t0_says_the_token_must_see_itself():
     got[:, 0] = 0.0
     got[:, 1:] += 0.5
     assert ["t = 0" in h and "see itself" in h for h in mistake_hints(got, expected, case)] == [True]
+    scan = {"u": torch.randn(2, 3, 6, dtype=torch.float64)}            # Mamba's layout: positions on the last dim
+    y = torch.randn(2, 3, 6, dtype=torch.float64)
+    late = torch.cat([torch.zeros(2, 3, 1, dtype=torch.float64), y[..., 1:] + 0.5], dim=-1)
+    assert ["t = 0" in h for h in mistake_hints(late, y, scan)] == [True]
 
 
 def test_an_error_that_starts_at_the_second_chunk_or_step_is_named():

@@ -145,27 +145,27 @@ def _constant_factor(got: torch.Tensor, expected: torch.Tensor) -> str | None:
 
 
 def _sequence_length(case: Any) -> int | None:
-    """The sequence length of a case's input (``q``, ``x`` or ``u``: positions on dim -2)."""
+    """The sequence length of a case's input: ``q`` or ``x`` with positions on dim -2, or ``u`` on dim -1."""
     if isinstance(case, dict):
-        for key in ("q", "x", "u"):
+        for key, dim in (("q", -2), ("x", -2), ("u", -1)):
             value = case.get(key)
-            if isinstance(value, torch.Tensor) and value.dim() >= 2:
-                return value.shape[-2]
+            if isinstance(value, torch.Tensor) and value.dim() >= -dim:
+                return value.shape[dim]
     return None
 
 
 def _position_hint(got: torch.Tensor, expected: torch.Tensor, case: Any, chunk: int | None) -> str | None:
     length = _sequence_length(case)
-    if length is None or got.dim() < 2 or got.shape[-2] != length:
+    dims = [d for d in (-2, -1) if got.dim() >= -d and got.shape[d] == length]
+    if length is None or not dims:
         return None
     atol, rtol = tolerance_for(got, expected)
-    g, e = got.detach().double(), expected.detach().double()
-    wrong = ((g - e).abs() > atol + rtol * e.abs()).transpose(-2, 0).reshape(length, -1).any(dim=1)
+    g, e = got.detach().double().movedim(dims[0], 0), expected.detach().double().movedim(dims[0], 0)
+    wrong = ((g - e).abs() > atol + rtol * e.abs()).reshape(length, -1).any(dim=1)
     if not bool(wrong.any()):
         return None
     first = int(wrong.nonzero()[0])
-    at_zero = g[..., 0, :]
-    if first == 0 and bool((at_zero == 0).all()) and bool((e[..., 0, :] != 0).any()):
+    if first == 0 and bool((g[0] == 0).all()) and bool((e[0] != 0).any()):
         return ("hint: at position 0 (t = 0) your output is 0 where it should not be: token t must see itself, so "
                 "include position t in its own sum")
     if chunk is not None and 1 < chunk < length and first == chunk:
