@@ -14,14 +14,15 @@ def test_q2b_public(orthogonal_gaussian_rows):
         return {'m': p['m'], 'd': p['d'], 'seed': p['seed']}
 
     def submission(c):
+        m, d, seed = (c['m'], c['d'], c['seed'])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             before = torch.get_rng_state()
-            rows = orthogonal_gaussian_rows(c['m'], c['d'], c['seed'])
+            rows = orthogonal_gaussian_rows(m, d, seed)
             untouched = torch.equal(torch.get_rng_state(), before)
             torch.manual_seed(1)
-            other_global = orthogonal_gaussian_rows(c['m'], c['d'], c['seed'])
-        return {'rows': rows, 'same seed': orthogonal_gaussian_rows(c['m'], c['d'], c['seed']), 'other seed': orthogonal_gaussian_rows(c['m'], c['d'], c['seed'] + 1), 'global state untouched': untouched, 'other global state': other_global}
+            other_global = orthogonal_gaussian_rows(m, d, seed)
+        return {'rows': rows, 'same seed': orthogonal_gaussian_rows(m, d, seed), 'other seed': orthogonal_gaussian_rows(m, d, seed + 1), 'global state untouched': untouched, 'other global state': other_global}
 
     def reference(c):
         return None
