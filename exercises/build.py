@@ -18,7 +18,10 @@ check builds its cases and its reference. In the student notebook otter's unpinn
 ``%pip install otter-grader`` cell is dropped (the setup cell installs the pinned one and
 ``xfam_lib`` at the book's release, and fetches the public tests of that release), otter's init
 cell uses `xfam_grading.otter_notebook` (failure messages without otter's traceback
-header), and links to the chapter point at the chapter on GitHub at the release.
+header, the off-limits scan; its ``tests/grading.json`` says what to scan), links to the
+chapter point at its rendered page (`chapter_url`: ``html: baseurl:`` of `_config.yml` once
+the book is published, the local book build until then), and each question links to its
+section of the chapter (`question_section`).
 
 Usage: ``python exercises/build.py [ch01 ...]`` (default: every chapter). ``make exercises`` runs it.
 """
@@ -56,6 +59,7 @@ COLAB_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4", "provenance":
 PLUGIN = "xfam_grading.OtterJudge"
 TORCH_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
 WHEEL_DEPENDENCIES = ("torch", "numpy", "matplotlib", "ipywidgets", "tqdm", "gymnasium")  # pyproject's, pinned from the lock
+CONFIG_FILE = "grading.json"      # xfam_grading.otter_plugin.CONFIG_FILE: the scan grader.check runs
 VOLATILE = {".OTTER_LOG", "__pycache__", ".ipynb_checkpoints"}   # made by running a notebook, never generated
 
 
@@ -137,9 +141,71 @@ def setup_cell_source(chapter: str) -> str:
     return _setup_cell_module().setup_cell_source(extra_pip=f'"{otter_requirement()}", {grading}') + fetch
 
 
-def chapter_url(notebook: str) -> str:
-    """The chapter notebook on GitHub at the release (the book has no published HTML address)."""
-    return f"{repository_url()}/blob/{release()}/chapters/{notebook}"
+def book_url() -> str:
+    """The book's published HTML address: ``html: baseurl:`` of `_config.yml` ('' until the book is published)."""
+    text = (ROOT / "_config.yml").read_text(encoding="utf-8")
+    block = re.search(r"^html:\s*\n((?:[ \t]+.*\n?)+)", text, flags=re.M)
+    match = block and re.search(r"^\s+baseurl:\s*[\"']?([^\s\"'#]*)", block.group(1), flags=re.M)
+    return match.group(1).rstrip("/") if match else ""
+
+
+LOCAL_BOOK = "../../../_build/html"     # the book build's pages, seen from exercises/chNN/student/
+
+
+def chapter_url(notebook: str, anchor: str = "") -> str:
+    """A chapter's rendered page (and section): at `book_url` once published, else the local book build's."""
+    page = f"{book_url() or LOCAL_BOOK}/chapters/{Path(notebook).stem}.html"
+    return f"{page}#{anchor}" if anchor else page
+
+
+_METHOD = r"M\d+\.\d+"
+
+
+def chapter_sections(notebook: str) -> list[tuple[int, str, str, str]]:
+    """``(level, title, anchor, comments)`` of every heading of a chapter notebook: anchors as the book build
+    makes them; ``comments``: the ``<!-- M8.9 -->`` comments of the heading's cell below it."""
+    from docutils.nodes import fully_normalize_name, make_id
+
+    nb = nbformat.read(ROOT / "chapters" / notebook, as_version=4)
+    sections, fence = [], False
+    for cell in (c for c in nb.cells if c.cell_type == "markdown"):
+        current = None
+        for line in cell.source.splitlines():
+            fence = fence != line.lstrip().startswith(("```", "~~~"))
+            heading = re.match(r"(#{1,6})\s+(.+?)\s*$", line)
+            if heading and not fence:
+                title = heading.group(2)
+                sections.append([len(heading.group(1)), title, make_id(fully_normalize_name(title)), ""])
+                current = sections[-1]
+            elif current is not None and "<!--" in line:
+                current[3] += " " + line
+    return [tuple(section) for section in sections]
+
+
+def question_section(notebook: str, prompt: str) -> tuple[str, str] | None:
+    """``(title, anchor)`` of the chapter section a question's METHODS markers (``<!-- M8.8 M8.9 -->``) point at.
+
+    Below the chapter's title: the heading whose title names the most markers; on a tie, the one
+    naming the question's later marker, then the deepest, then the one whose comments name the most
+    markers and the fewest others (the most specific), then the first.
+    """
+    comment = re.search(r"<!--(.*?)-->", prompt, flags=re.S)
+    markers = re.findall(_METHOD, comment.group(1)) if comment else []
+
+    def named(text: str) -> list[int]:
+        return [i for i, m in enumerate(markers) if re.search(rf"{re.escape(m)}(?![\d.])", text)]
+
+    best = None
+    for index, (level, title, anchor, comments) in enumerate(chapter_sections(notebook)):
+        in_title, in_comments = named(title), named(comments)
+        if level > 1 and (in_title or in_comments):
+            others = len(re.findall(_METHOD, title + comments))
+            key = (len(in_title), max(in_title + in_comments), level, len(in_comments), -others, -index)
+            if best is None or key > best[0]:
+                best = (key, title, anchor)
+    if best is None:
+        return None
+    return re.sub(rf"\s*\({_METHOD}[^)]*\)\s*$", "", best[1]), best[2]
 
 
 def fix_master(master: Path, chapter: str) -> bool:
@@ -338,6 +404,8 @@ def _student_notebook(path: Path, setup_source: str):
     if not cells[1].source.startswith(OTTER_INIT_PREFIX):
         raise RuntimeError(f"{path}: otter's init cell should follow the setup cell")
     cells[1].source = INIT_SOURCE
+    chapter = next((m.group(1) for c in cells if c.cell_type == "markdown"
+                    for m in [re.search(r"\]\(\.\./\.\./chapters/([\w.-]+\.ipynb)\)", c.source)] if m), None)
     for cell in cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -345,6 +413,11 @@ def _student_notebook(path: Path, setup_source: str):
             cell.source = cell.source.replace(OTTER_CHECK_ALL_TEXT, CHECK_ALL_TEXT)
             cell.source = re.sub(r"\]\(\.\./\.\./chapters/([\w.-]+\.ipynb)\)",
                                  lambda m: f"]({chapter_url(m.group(1))})", cell.source)
+            section = question_section(chapter, cell.source) if chapter and cell.source.startswith("## Question") \
+                else None
+            if section:
+                cell.source = cell.source.rstrip("\n") + f"\n\nIn the chapter: [{section[0]}]" \
+                    f"({chapter_url(chapter, section[1])})"
     nb.cells = cells
     nb.metadata.pop("jupytext", None)
     nb.metadata.update(COLAB_METADATA)
@@ -463,6 +536,9 @@ def assign(chapter: str, out_dir: Path, master: Path | None = None) -> Built:
     zip_path = zips[0].rename(out_dir / "autograder" / f"{chapter}_exercises-autograder.zip")
     config = judge_config(chapter, questions, library_imports(program_cells(student_nb, chapter)))
     _finish_zip(zip_path, out_dir / "autograder", config)
+    student_config = dict(config, parts=[q.name for q in questions])          # for grader.check's off-limits scan
+    (out_dir / "student" / "tests" / CONFIG_FILE).write_text(json.dumps(student_config, indent=1) + "\n",
+                                                              encoding="utf-8")
     Judge(out_dir / "autograder" / "tests", config, isolation="basic")   # every check builds its cases and reference
     return Built(chapter, out_dir / "student", out_dir / "autograder", zip_path, time.perf_counter() - start)
 

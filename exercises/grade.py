@@ -17,9 +17,13 @@ the same judge the zip's otter plugin runs under ``otter grade`` and on Gradesco
   forged message or any error while grading it costs only that submission's points, with a
   message; the run never stops, and the CSV has a row for every file.
 
-The CSV has one row per file: ``file``, one column per graded part (points), ``total``,
-``flags`` (code to review: patching torch or otter, starting processes, reading frames, writing
-files, ...; a second line of defence, never a score) and ``message`` (why points were lost).
+The CSV has one row per file: ``file``; one column per graded part, headed with its possible
+points (``q1a (max 2)``), holding the points earned or ``not attempted`` (the answer cell still
+raises the stub's ``NotImplementedError``); ``total`` and ``max`` (possible points); ``flags``
+(code to review: patching torch or otter, starting processes, reading frames, writing files,
+...; a second line of defence, never a score); one ``q1a why`` column per part (why it lost
+points: the off-limits names it used beside its own failing checks); and ``message`` (what
+stopped grading: not a notebook, a crash, a timeout).
 Each submission's full report (it shows the hidden cases and their expected values: read it before passing it on) goes to ``--feedback`` (default
 ``_build/exercises/CHAPTER/feedback/<file>.txt``).
 """
@@ -68,12 +72,30 @@ def _fmt(points: float) -> str:
     return str(int(points)) if float(points).is_integer() else f"{points:.3g}"
 
 
+NOT_ATTEMPTED = "not attempted"
+_WHY_LIMIT = 2000            # characters of one part's reason in the CSV (the feedback file has it all)
+
+
+def columns(parts: dict[str, float]) -> list[str]:
+    """The CSV header: ``file``, one column per part with its possible points, ``total``, ``max``,
+    ``flags``, one reason column per part, ``message``."""
+    return ["file", *(f"{q} (max {_fmt(p)})" for q, p in parts.items()), "total", "max", "flags",
+            *(f"{q} why" for q in parts), "message"]
+
+
 def csv_row(name: str, report) -> dict:
-    """One CSV row: points per part, total, review flags and why points were lost."""
-    row = {"file": name, **{q: _fmt(r.score) for q, r in report.questions.items()}, "total": _fmt(report.total)}
-    row["flags"] = " | ".join(report.flags)
-    lost = [f"{q}: {r.message()[:300]}" for q, r in report.questions.items() if r.score < r.possible]
-    row["message"] = " | ".join(report.errors) if report.errors else " | ".join(lost)
+    """One CSV row: points per part ("not attempted" for an untouched stub), total, possible points,
+    review flags, why each part lost points (its off-limits names beside its own failing checks) and
+    the errors that stopped grading."""
+    row = {"file": name}
+    for q, r in report.questions.items():
+        row[f"{q} (max {_fmt(r.possible)})"] = _fmt(r.score) if r.attempted or report.errors else NOT_ATTEMPTED
+    row.update({"total": _fmt(report.total), "max": _fmt(report.possible), "flags": " | ".join(report.flags)})
+    for q, r in report.questions.items():
+        why = "" if r.score == r.possible else r.message() if r.attempted else \
+            f"{NOT_ATTEMPTED}: the answer still raises the stub's NotImplementedError"
+        row[f"{q} why"] = why if len(why) <= _WHY_LIMIT else why[:_WHY_LIMIT] + " [... cut; the feedback file has it all]"
+    row["message"] = " | ".join(report.errors)
     return row
 
 
@@ -103,7 +125,8 @@ def grade_folder(chapter: str, folder: Path, out_csv: Path, *, autograder: Path 
     notebooks = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
     feedback = feedback or build.BUILD / chapter / "feedback"
     feedback.mkdir(parents=True, exist_ok=True)
-    possible = _fmt(sum(sum(t.points for t in tests) for tests in judge.questions.values()))
+    parts = {q: sum(t.points for t in tests) for q, tests in judge.questions.items()}
+    possible = _fmt(sum(parts.values()))
     rows = {}
     copies = {nb: _copy(nb) for nb in notebooks}          # read before any submission runs
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -115,18 +138,20 @@ def grade_folder(chapter: str, folder: Path, out_csv: Path, *, autograder: Path 
                 rows[nb.name] = csv_row(nb.name, report)
                 (feedback / f"{nb.stem}.txt").write_text(report.summary() + "\n", encoding="utf-8")
             except Exception as exc:           # one submission never costs the others their grades
-                rows[nb.name] = {"file": nb.name, **{q: "0" for q in judge.questions}, "total": "0", "flags": "",
+                rows[nb.name] = {"file": nb.name, **{f"{q} (max {_fmt(p)})": "0" for q, p in parts.items()},
+                                 "total": "0", "max": possible, "flags": "",
                                  "message": f"grading failed: {type(exc).__name__}: {str(exc)[:200]}"}
                 continue
             if verbose:
-                message = rows[nb.name]["message"]
+                message = rows[nb.name]["message"] or " | ".join(
+                    f"{q}: {rows[nb.name][f'{q} why']}" for q in parts if rows[nb.name].get(f"{q} why"))
                 print(f"{nb.name}: {rows[nb.name]['total']}/{possible} in {report.seconds:.1f} s"
                       + (f" — {message[:150]}" if message else "")
                       + (" [flagged for review]" if report.flags else ""))
     rows = [rows[nb.name] for nb in notebooks]
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     with out_csv.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=["file", *judge.questions, "total", "flags", "message"])
+        writer = csv.DictWriter(f, fieldnames=columns(parts), restval="")
         writer.writeheader()
         writer.writerows(rows)
     if verbose:

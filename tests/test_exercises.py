@@ -220,13 +220,33 @@ def test_student_notebook_texts_links_and_metadata(chapter, built):
     links = re.findall(r"\]\(([^)]*chapters/[^)]*)\)", markdown)
     assert links, "the student notebook does not link to its chapter"
     for link in links:
-        assert link.startswith(f"{build.repository_url()}/blob/{build.release()}/chapters/"), link
-        assert (ROOT / "chapters" / link.rsplit("/", 1)[-1]).is_file(), f"{link} names no chapter notebook"
+        page, _, anchor = link.partition("#")
+        assert page.startswith(f"{build.book_url() or build.LOCAL_BOOK}/chapters/") and page.endswith(".html"), link
+        notebook = page.rsplit("/", 1)[-1].replace(".html", ".ipynb")
+        assert (ROOT / "chapters" / notebook).is_file(), f"{link} names no chapter"
+        assert not anchor or anchor in [a for _, _, a, _ in build.chapter_sections(notebook)], f"{link}: no section"
+    questions = [c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("## Question")]
+    linked = [q for q in questions if re.search(r"In the chapter: \[[^]]+\]\([^)#]+#[\w-]+\)", q)]
+    assert len(linked) == len(questions), f"only {len(linked)} of {len(questions)} questions link their section"
     assert "all of the autograder tests" not in markdown and build.CHECK_ALL_TEXT in markdown
     assert nb.cells[1].source == build.INIT_SOURCE
     assert all(nb.metadata.get(k) == v for k, v in build.COLAB_METADATA.items())
     checks = [c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("grader.check(")]
     assert checks == [f'grader.check("{q.name}")' for q in QUESTIONS[chapter]], "one check cell per graded part"
+
+
+def test_a_question_links_to_its_section_of_the_rendered_chapter(monkeypatch):
+    """The section a question's METHODS markers name, with the anchor the book build gives it; the address
+    follows ``html: baseurl:`` once the book is published."""
+    prompt = "## Question 1. Causal linear attention\n<!-- M8.8 M8.9 -->\n"
+    title, anchor = build.question_section("08_linear_attention.ipynb", prompt)
+    assert title == "8.6 Causal linear attention: parallel, recurrent and chunkwise", title
+    assert anchor == "causal-linear-attention-parallel-recurrent-and-chunkwise-m8-9", anchor    # as in the HTML
+    monkeypatch.setattr(build, "book_url", lambda: "")
+    assert build.chapter_url("08_linear_attention.ipynb", anchor) == \
+        f"../../../_build/html/chapters/08_linear_attention.html#{anchor}"
+    monkeypatch.setattr(build, "book_url", lambda: "https://example.org/book")
+    assert build.chapter_url("08_linear_attention.ipynb") == "https://example.org/book/chapters/08_linear_attention.html"
 
 
 # ----------------------------------------------------------------------------- every part against good and bad answers
@@ -330,9 +350,28 @@ def wrong_notebook(chapter: str, student_nb: Path, out: Path) -> None:
     nbformat.write(nb, out)
 
 
+def _master_with_off_limits(chapter: str, out: Path) -> tuple[str, str] | None:
+    """The master with the first off-limits name of its first part that has one imported in that part's
+    answer cell; returns ``(part, name)`` (None for a chapter without off-limits names)."""
+    from xfam_grading.guard import expand_off_limits
+
+    part = next((q for q in QUESTIONS[chapter] if q.off_limits), None)
+    if part is None:
+        return None
+    name = min(expand_off_limits({part.name: part.off_limits[:1]}))
+    module, _, leaf = name.rpartition(".")
+    nb = nbformat.read(build.master_path(chapter), as_version=4)
+    start = next(i for i, c in enumerate(nb.cells) if c.cell_type == "raw" and f"name: {part.name}\n" in c.source)
+    cell = next(c for c in nb.cells[start:] if c.cell_type == "code")
+    cell.source = f"from {module} import {leaf}\n" + cell.source
+    nbformat.write(nb, out)
+    return part.name, name
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_grading_end_to_end(chapter, built, tmp_path):
-    """grade.py: master full marks; untouched, wrong and broken files 0 with messages; the run finishes."""
+    """grade.py: master full marks; untouched, wrong and broken files 0 with messages; an off-limits name costs
+    its own part only, its checks shown beside; the CSV reads without the console; the run finishes."""
     b = built(chapter)
     subs = tmp_path / "submissions"
     subs.mkdir()
@@ -340,24 +379,38 @@ def test_grading_end_to_end(chapter, built, tmp_path):
     (subs / "student_untouched.ipynb").write_bytes((b.student_dir / f"{chapter}_exercises.ipynb").read_bytes())
     (subs / "not_a_notebook.ipynb").write_text("{ this is not json", encoding="utf-8")
     wrong_notebook(chapter, b.student_dir / f"{chapter}_exercises.ipynb", subs / "wrong_answers.ipynb")
+    off_limits = _master_with_off_limits(chapter, subs / "off_limits.ipynb")
     out = tmp_path / f"grades_{chapter}.csv"
     proc = subprocess.run([sys.executable, str(ROOT / "exercises" / "grade.py"), chapter, str(subs), "--out", str(out),
                            "--autograder", str(b.zip_path), "--jobs", "2", "--feedback", str(tmp_path / "feedback")],
                           capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = {row["file"]: row for row in csv.DictReader(out.open(encoding="utf-8"))}
-    parts = [q.name for q in QUESTIONS[chapter]]
-    assert list(next(iter(rows.values()))) == ["file", *parts, "total", "flags", "message"]
-    possible = sum(sum(q.points) for q in QUESTIONS[chapter])
+    points = {q.name: sum(q.points) for q in QUESTIONS[chapter]}
+    score = {q: f"{q} (max {p:g})" for q, p in points.items()}
+    assert list(next(iter(rows.values()))) == ["file", *score.values(), "total", "max", "flags",
+                                               *(f"{q} why" for q in points), "message"]
+    possible = sum(points.values())
+    assert all(float(row["max"]) == possible for row in rows.values()), rows
     master = rows["master_solution.ipynb"]
     assert float(master["total"]) == possible and not master["message"] and not master["flags"], master
+    assert all(master[score[q]] == f"{p:g}" and not master[f"{q} why"] for q, p in points.items()), master
     student = rows["student_untouched.ipynb"]
-    assert float(student["total"]) == 0 and "NotImplementedError" in student["message"], student
-    assert not student["flags"], student
+    assert float(student["total"]) == 0 and not student["flags"] and not student["message"], student
+    assert all(student[score[q]] == "not attempted" and "NotImplementedError" in student[f"{q} why"]
+               for q in points), student
     wrong = rows["wrong_answers.ipynb"]
-    assert float(wrong["total"]) == 0 and all(f"{p}:" in wrong["message"] for p in parts), wrong
+    assert float(wrong["total"]) == 0 and all(wrong[f"{q} why"] for q in points), wrong
+    assert all(wrong[score[q]] in ("0", "not attempted") for q in points), wrong    # a part of two names may
+    assert any(wrong[score[q]] == "0" for q in points), wrong                     # keep one stub (ch10 q3b)
     broken = rows["not_a_notebook.ipynb"]
     assert float(broken["total"]) == 0 and "not a valid notebook" in broken["message"], broken
+    if off_limits:
+        part, name = off_limits
+        row = rows["off_limits.ipynb"]
+        assert float(row["total"]) == possible - points[part] and row[score[part]] == "0", row
+        assert f"{part} scores 0 under the off-limits rule" in row[f"{part} why"] and name in row[f"{part} why"], row
+        assert row[f"{part} why"].endswith("Its checks pass."), row                     # its own verdict beside
     feedback = (tmp_path / "feedback" / "wrong_answers.txt").read_text(encoding="utf-8")
     assert f"Score 0 / {possible:g}" in feedback
 
@@ -436,3 +489,108 @@ def test_the_masters_and_student_notebooks_scan_clean(chapter, built, judge):
     for path in (build.master_path(chapter), built(chapter).student_dir / f"{chapter}_exercises.ipynb"):
         cells = [_to_python(c) for c in notebook_code_cells(nbformat.read(path, as_version=4))]
         assert judge(chapter).scan(cells) == ({}, []), path
+
+
+# ----------------------------------------------------------------------------- the off-limits rule as a student meets it
+def _with_answer_line(chapter: str, notebook: Path, part: str | None, line: str) -> dict:
+    """The notebook with ``line`` added to the answer cell of ``part`` (None: to the imports at the top)."""
+    nb = nbformat.read(notebook, as_version=4)
+    if part is None:
+        cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("import "))
+    else:
+        check = next(i for i, c in enumerate(nb.cells) if c.source == f'grader.check("{part}")')
+        cell = next(c for c in reversed(nb.cells[:check]) if "otter_answer_cell" in c.metadata.get("tags", []))
+    cell.source = line + "\n" + cell.source
+    return nb
+
+
+def _scan_notebook(j, nb) -> dict:
+    from xfam_grading.scanner import _to_python, notebook_cell_parts
+
+    pairs = notebook_cell_parts(nb)
+    violations, _ = j.scan([_to_python(c) for c, _ in pairs], [p for _, p in pairs])
+    return violations
+
+
+@pytest.mark.parametrize("chapter, line, cell_part, costs", [
+    # the issue's cases: one name in one part's cell zeroed every part that listed it
+    ("ch08", "from xfam_lib.linear import elu_feature_map", "q1a", {"q1a"}),
+    ("ch09", "from xfam_lib.ssm import selective_scan as scan", "q3a", {"q3a"}),
+    ("ch09", "from xfam_lib.ssm import selective_scan as scan", "q4a", set()),      # q4a does not list it
+    ("ch09", "from xfam_lib.ssm import selective_scan as scan", None, {"q3a", "q4b", "q5a"}),  # no part's cell
+    ("ch09", "from xfam_lib.ssm import *", "q1b", {"q1b"}),
+    ("ch09", "from xfam_lib.ssm import _phi1 as helper", "q1b", {"q1b"}),                # a listed private helper
+])
+def test_an_off_limits_name_costs_the_part_whose_cell_holds_it(chapter, line, cell_part, costs, built, judge):
+    nb = _with_answer_line(chapter, built(chapter).student_dir / f"{chapter}_exercises.ipynb", cell_part, line)
+    violations = _scan_notebook(judge(chapter), nb)
+    assert set(violations) == costs, violations
+    for part in costs:
+        assert all(v.startswith("uses xfam_lib.ssm." if chapter == "ch09" else "uses xfam_lib.linear.")
+                   for v in violations[part]), violations
+
+
+def _phi1_zoh_diagonal(A, B, delta):
+    """ch09 q1b answered by the library's private helper: right values, none of the work."""
+    from xfam_lib.ssm import _phi1
+
+    dA = delta[:, None] * A
+    return torch.exp(dA), delta[:, None] * _phi1(dA) * B
+
+
+def test_a_private_helper_that_solves_a_part_is_off_limits(built, judge):
+    """`from xfam_lib.ssm import _phi1` answers ch09 q1b; its checks pass, and the part scores 0."""
+    env = namespace("ch09", "solution", built)
+    env["zoh_diagonal"] = _phi1_zoh_diagonal
+    public = public_results(built("ch09").student_dir / "tests" / "q1b.py", env)
+    assert all(ok for ok, _ in public), public                  # the values are right: only the rule catches it
+    verdict = judge("ch09").grade_namespace(env, ["q1b"]).questions["q1b"]
+    assert verdict.score == 0 and any("calls xfam_lib.ssm._phi1" in v for v in verdict.violations), verdict
+
+
+def _check_in_folder(chapter, built, tmp_path, monkeypatch, nb, env, question):
+    """``grader.check(question)`` as a student runs it: the notebook and its tests folder in the working folder."""
+    import shutil
+
+    from xfam_grading import otter_notebook
+
+    shutil.copytree(built(chapter).student_dir / "tests", tmp_path / "tests")
+    nbformat.write(nb, tmp_path / f"{chapter}_exercises.ipynb")
+    monkeypatch.chdir(tmp_path)
+    return otter_notebook().check(question, env)
+
+
+def test_grader_check_reports_an_off_limits_name_before_grading(built, tmp_path, monkeypatch):
+    """A right answer that imports an off-limits name passes its public test, and grader.check says what it costs."""
+    chapter = "ch08"
+    nb = _with_answer_line(chapter, built(chapter).student_dir / f"{chapter}_exercises.ipynb", "q1a",
+                           "from xfam_lib.linear import linear_attention")
+    env = namespace(chapter, "solution", built)
+    result = _check_in_folder(chapter, built, tmp_path, monkeypatch, nb, env, "q1a")
+    messages = [r.message for r in result.test_case_results]
+    assert result.test_case_results[0].passed and not result.passed_all, messages
+    assert "q1a would score 0 under the off-limits rule" in messages[-1], messages
+    assert "xfam_lib.linear.linear_attention" in messages[-1] and "line 1" in messages[-1], messages
+    assert "q1a would score 0" in result._repr_html_(), "the HTML view lost the off-limits note"
+    from xfam_grading import otter_notebook
+
+    other = otter_notebook().check("q1b", env)
+    assert other.passed_all, [r.message for r in other.test_case_results]        # costs only its own part
+
+
+def test_grader_check_without_the_tests_folder_says_what_is_missing(built, tmp_path, monkeypatch):
+    from xfam_grading import otter_notebook
+
+    (tmp_path / "ch08_exercises.ipynb").write_bytes((built("ch08").student_dir / "ch08_exercises.ipynb").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as missing:
+        otter_notebook().check("q1a", {})
+    assert "exercises/ch08/student/tests" in str(missing.value) and "first cell" in str(missing.value), missing.value
+
+
+def test_every_name_a_question_uses_is_defined():
+    """ch11 q1b speaks of `PAD`: the notebook defines it before the questions."""
+    nb = nbformat.read(build.master_path("ch11"), as_version=4)
+    env = {}
+    exec(compile(build.program_cells(nb, "ch11")[0], "<ch11 imports>", "exec"), env)
+    assert env["PAD"] == 0 and env["BOS"] == 1

@@ -126,6 +126,105 @@ def test_trim_otter_message_keeps_only_what_the_check_says():
 
 
 # ----------------------------------------------------------------------------- what the runner receives
+# ----------------------------------------------------------------------------- hints: the shape of a mistake
+def _sequence_case(length=8, chunk_size=None):
+    case = {"q": torch.randn(2, length, 3, dtype=torch.float64)}
+    if chunk_size is not None:
+        case["chunk_size"] = chunk_size
+    return case, torch.randn(2, length, 4, dtype=torch.float64)
+
+
+def test_a_constant_factor_is_named():
+    from xfam_grading.compare import mistake_hints
+
+    case, expected = _sequence_case()
+    hints = mistake_hints({"out": expected * 8 ** 0.5}, {"out": expected}, case)
+    assert len(hints) == 1 and "same constant" in hints[0] and "2.828 (about √8)" in hints[0], hints
+    assert "about 1/2" in mistake_hints(expected / 2, expected, case)[0]
+    assert mistake_hints(expected + 0.1, expected, case) == []          # an offset is no constant factor
+
+
+def test_an_output_of_zero_at_t0_says_the_token_must_see_itself():
+    from xfam_grading.compare import mistake_hints
+
+    case, expected = _sequence_case()
+    got = expected.clone()
+    got[:, 0] = 0.0
+    got[:, 1:] += 0.5
+    assert ["t = 0" in h and "see itself" in h for h in mistake_hints(got, expected, case)] == [True]
+    scan = {"u": torch.randn(2, 3, 6, dtype=torch.float64)}            # Mamba's layout: positions on the last dim
+    y = torch.randn(2, 3, 6, dtype=torch.float64)
+    late = torch.cat([torch.zeros(2, 3, 1, dtype=torch.float64), y[..., 1:] + 0.5], dim=-1)
+    assert ["t = 0" in h for h in mistake_hints(late, y, scan)] == [True]
+
+
+def test_an_error_that_starts_at_the_second_chunk_or_step_is_named():
+    from xfam_grading.compare import mistake_hints
+
+    case, expected = _sequence_case(length=8, chunk_size=3)
+    later = expected.clone()
+    later[:, 3:] += 0.5
+    assert ["the first chunk (positions 0 to 2) is right" in h for h in mistake_hints(later, expected, case)] == [True]
+    step = expected.clone()
+    step[:, 1:] += 0.5
+    assert ["starts at position 1, the second step" in h for h in mistake_hints(step, expected, case)] == [True]
+    anywhere = expected.clone()
+    anywhere[:, 5] += 0.5                                  # no shape to name: no hint
+    assert mistake_hints(anywhere, expected, case) == []
+
+
+def test_a_check_where_only_larger_chunks_fail_says_so():
+    def make_case(p):
+        return {"q": torch.randn(6, 2, dtype=torch.float64), "chunk_size": p["chunk_size"]}
+
+    def wrong(c):                                          # right for chunks of 1 only
+        return c["q"] if c["chunk_size"] == 1 else c["q"] * 1.5 + 1
+
+    with pytest.raises(AssertionError) as failed:
+        check_cases("chunks", params=[{"chunk_size": 1}, {"chunk_size": 2}, {"chunk_size": 4}],
+                    make_case=make_case, submission=wrong, reference=lambda c: c["q"])
+    assert "chunk_size=1 pass and only larger chunks fail" in str(failed.value), failed.value
+
+
+def test_no_relative_error_is_reported_where_the_expected_values_are_near_zero():
+    near_zero = output_problems(torch.ones(3, dtype=torch.float64), torch.full((3,), 1e-300, dtype=torch.float64))
+    assert len(near_zero) == 1 and "relative RMS error" not in near_zero[0] and "near 0" in near_zero[0], near_zero
+    ordinary = output_problems(torch.ones(3, dtype=torch.float64) * 2, torch.ones(3, dtype=torch.float64))
+    assert "relative RMS error 1.000e+00" in ordinary[0], ordinary
+
+
+def test_a_message_ending_in_a_quote_keeps_it_under_otter(tmp_path):
+    """otter shows ``str(exc).strip("'")``, which ate the closing quote of "got 'nothing raised'"."""
+    from otter.test_files import ExceptionTestFile
+
+    test_file = tmp_path / "q9.py"
+    test_file.write_text(
+        "from otter.test_files import test_case\n\nOK_FORMAT = False\n\nname = 'q9'\npoints = [0]\n\n"
+        "@test_case(points=None, hidden=False)\ndef test_q9(f):\n    from xfam_grading import check_cases\n\n"
+        "    def submission(c):\n        return {'raised': f()}\n\n"
+        "    check_cases('quote', params=[{'n': 1}], make_case=lambda p: {}, submission=submission,\n"
+        "                reference=lambda c: {'raised': 'ValueError'})\n", encoding="utf-8")
+    tests = ExceptionTestFile.from_file(str(test_file))
+    tests.run({"f": lambda: "nothing raised"})
+    message = trim_otter_message(tests.test_case_results[0].message)
+    assert message.rstrip().endswith("expected 'ValueError', got 'nothing raised'"), message
+
+
+def test_the_html_view_of_a_check_escapes_its_messages():
+    from otter.test_files.abstract_test import TestCase, TestCaseResult
+    from otter.test_files.exception_test import ExceptionTestFile
+
+    from xfam_grading.otter_plugin import escaped_html
+
+    result = ExceptionTestFile("q1a", "q1a.py", [TestCase("test_q1a", None, False, 0, None, None)])
+    message = "❌ [case] your code raised ValueError (in <listcomp>, line 3 of its cell): 'x' & y"
+    result.test_case_results = [TestCaseResult(result.test_cases[0], message, False)]
+    assert "(in <listcomp>, line 3" in type(result)._repr_html_(result)   # what a browser would swallow
+    html = escaped_html(result)
+    assert "(in &lt;listcomp&gt;, line 3" in html and "&#x27;x&#x27; &amp; y" in html, html
+    assert result.test_case_results[0].message == message                 # the text view is unchanged
+
+
 @pytest.fixture(scope="module")
 def ch02(tmp_path_factory):
     """Chapter 2's autograder (built into a temporary folder) and its judge."""
@@ -350,7 +449,8 @@ def test_tripwires_stop_the_student_and_let_the_library_through():
             assert mha(q).shape == q.shape
         with guard.active("q2a"):                        # not off limits for another part
             assert student["sdpa"](q).shape == q.shape
-        assert guard.violations == {"q1a": ["calls xfam_lib.attention.scaled_dot_product_attention"]}
+        assert guard.violations == {"q1a": ["calls xfam_lib.attention.scaled_dot_product_attention "
+                                            "(first from sdpa() while q1a's checks ran)"]}
     finally:
         guard.uninstall()
         importlib.reload(A)
@@ -721,6 +821,11 @@ def attack_run(ch02, tmp_path_factory):
     return {"proc": proc, "rows": rows, "before": before, "leftovers": leftovers, "feedback": tmp / "feedback"}
 
 
+def _points(row: dict, part: str) -> str:
+    """A part's points in a CSV row (its column is headed ``q1a (max 2)``)."""
+    return next(value for key, value in row.items() if key.startswith(f"{part} (max "))
+
+
 def test_the_grading_run_finishes_and_leaves_nothing_behind(attack_run):
     proc = attack_run["proc"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -730,7 +835,7 @@ def test_the_grading_run_finishes_and_leaves_nothing_behind(attack_run):
         assert path.read_bytes() == data, f"{path} was changed by a submission"
     control = attack_run["rows"]["control"]
     parts = [q.name for q in _build().parse_master(_build().master_path("ch02"))]
-    assert all(control[p] != "0" for p in parts) and not control["message"] and not control["flags"], control
+    assert all(_points(control, p) != "0" for p in parts) and not control["message"] and not control["flags"], control
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
@@ -739,19 +844,19 @@ def test_an_attack_scores_nothing_on_its_part_or_is_flagged(attack, attack_run):
     part = ATTACKS[attack][2]
     feedback = (attack_run["feedback"] / f"{attack}.txt").read_text(encoding="utf-8")
     if part:
-        assert row[part] == "0", row
+        assert _points(row, part) == "0", row
     else:
         assert row["flags"], f"{attack} was not flagged: {row}"
     if attack == "library_sdpa":
-        assert "off limits" in row["message"] and "scaled_dot_product_attention" in row["message"], row
-        assert row["q1b"] != "0", row                      # an off-limits name costs only its own part
+        assert "off-limits rule" in row["q1a why"] and "scaled_dot_product_attention" in row["q1a why"], row
+        assert _points(row, "q1b") != "0", row             # an off-limits name costs only its own part
     if attack == "library_sdpa_built_at_run_time":         # imports xfam_lib.attention, off the allowlist
-        assert row["total"] == "0" and "off the allowlist" in row["message"], row
+        assert row["total"] == "0" and "off the allowlist" in row["q2a why"], row
     if attack in ("reference_lookup", "patch_the_grader", "patch_torch", "patch_otter", "fork_bomb",
                   "writes_to_the_tests", "network", "library_sdpa_built_at_run_time"):
         assert row["flags"], f"{attack} was not flagged: {row}"
     if attack in ("memory_bomb", "fork_bomb", "fill_the_disk", "sys_exit", "writes_to_the_tests", "network"):
-        assert row["q2a"] != "0" and row["q5c"] != "0", f"{attack} cost more than the part it attacked: {row}"
+        assert _points(row, "q2a") != "0" and _points(row, "q5c") != "0", f"{attack} cost more than its part: {row}"
     if attack == "os_exit":
         assert "ended early" in row["message"], row
     if attack == "endless_loop_without_alarm":
@@ -759,7 +864,7 @@ def test_an_attack_scores_nothing_on_its_part_or_is_flagged(attack, attack_run):
     if attack == "network":
         assert "NETWORK REACHABLE" not in feedback
     if attack in OFF_THE_ALLOWLIST:                        # the cell may answer any part: every part scores 0
-        assert row["total"] == "0" and "off the allowlist" in row["message"], row
+        assert row["total"] == "0" and "off the allowlist" in row["q2a why"], row
     if attack in ("closure_of_the_tripwire", "forged_code_file_name"):
         assert "__closure__" in row["flags"] or "__code__" in row["flags"], row
     if attack == "forged_reply":                           # contained: this submission only (the run went on)

@@ -171,6 +171,11 @@ def rows_global_rng(m, d, seed):
     return _rows(m, d, seed, generator=False)                      # ignores seed
 
 
+def rows_seeds_global_rng(m, d, seed):
+    torch.manual_seed(seed)                                        # reproducible, but resets the student's
+    return _rows(m, d, seed, generator=False)                      # global random state and draws from it
+
+
 def rows_not_cut(m, d, seed):
     return _rows(m, d, seed, cut=False)                            # ceil(m / d) * d rows
 
@@ -296,7 +301,7 @@ def gla_parallel_no_scale(q, k, v, log_g):
 
 WRONG_ANSWERS = {
     "q1a": {
-        "off_by_one": ({"linear_attention_recurrent": recurrent_reads_before_writing}, "max abs error"),
+        "off_by_one": ({"linear_attention_recurrent": recurrent_reads_before_writing}, "token t must see itself"),
         "no_normaliser": ({"linear_attention_recurrent": recurrent_no_normaliser}, "max abs error"),
         "relu_features": ({"linear_attention_recurrent": recurrent_relu_features}, "max abs error"),
         "not_causal": ({"linear_attention_recurrent": recurrent_not_causal}, "max abs error"),
@@ -305,12 +310,12 @@ WRONG_ANSWERS = {
     },
     "q1b": {
         "off_by_one": ({"linear_attention_chunk": chunk_inclusive_state}, "max abs error"),
-        "unmasked_inside": ({"linear_attention_chunk": chunk_unmasked_inside}, "max abs error"),
-        "no_inter_normaliser": ({"linear_attention_chunk": chunk_no_inter_normaliser}, "max abs error"),
+        "unmasked_inside": ({"linear_attention_chunk": chunk_unmasked_inside}, "only larger chunks fail"),
+        "no_inter_normaliser": ({"linear_attention_chunk": chunk_no_inter_normaliser}, "the first chunk"),
         "drops_tail": ({"linear_attention_chunk": chunk_drops_tail}, "shape"),
     },
     "q2a": {
-        "off_by_one": ({"positive_features": features_no_sqrt_m}, "max abs error"),
+        "off_by_one": ({"positive_features": features_no_sqrt_m}, "(about √"),
         "plus_norm": ({"positive_features": features_plus_norm}, "max abs error"),
         "no_norm_term": ({"positive_features": features_no_norm_term}, "max abs error"),
         "trig": ({"positive_features": features_trig}, "max abs error"),
@@ -321,7 +326,8 @@ WRONG_ANSWERS = {
         "unit_length": ({"orthogonal_gaussian_rows": rows_unit_length}, "same squared length"),
         "fixed_length": ({"orthogonal_gaussian_rows": rows_fixed_length}, "same squared length"),
         "repeated_block": ({"orthogonal_gaussian_rows": rows_repeated_block}, "repeats the directions"),
-        "global_rng": ({"orthogonal_gaussian_rows": rows_global_rng}, "same seed"),
+        "global_rng": ({"orthogonal_gaussian_rows": rows_global_rng}, "global random state"),
+        "seeds_global_rng": ({"orthogonal_gaussian_rows": rows_seeds_global_rng}, "global random state"),
         "not_cut": ({"orthogonal_gaussian_rows": rows_not_cut}, "shape"),
     },
     "q3a": {
@@ -337,7 +343,7 @@ WRONG_ANSWERS = {
     },
     "q4a": {
         "off_by_one": ({"gla_recurrent": gla_decays_after_writing}, "max abs error"),
-        "no_scale": ({"gla_recurrent": gla_no_scale}, "max abs error"),
+        "no_scale": ({"gla_recurrent": gla_no_scale}, "same constant everywhere"),
         "linearised_gate": ({"gla_recurrent": gla_linearised_gate}, "max abs error"),
         "ignores_initial_state": ({"gla_recurrent": gla_ignores_initial_state}, "max abs error"),
     },
@@ -345,7 +351,7 @@ WRONG_ANSWERS = {
         "off_by_one": ({"gla_parallel": gla_parallel_own_gate}, "max abs error"),
         "cumulative_product": ({"gla_parallel": gla_parallel_cumulative_product}, "NaN"),
         "mask_after_exp": ({"gla_parallel": gla_parallel_mask_after_exp}, "NaN"),
-        "no_scale": ({"gla_parallel": gla_parallel_no_scale}, "max abs error"),
+        "no_scale": ({"gla_parallel": gla_parallel_no_scale}, "same constant everywhere"),
     },
 }
 

@@ -284,7 +284,7 @@ WRONG_ANSWERS = {
     },
     "q3a": {
         "zoh_B": ({"selective_scan_loop": scan_zoh_B}, "max abs error"),
-        "off_by_one": ({"selective_scan_loop": scan_reads_before_update}, "max abs error"),
+        "off_by_one": ({"selective_scan_loop": scan_reads_before_update}, "(t = 0) your output is 0"),
         "sigmoid_gate": ({"selective_scan_loop": scan_sigmoid_gate}, "max abs error"),
         "ignores_D": ({"selective_scan_loop": scan_ignores_D}, "max abs error"),
         "wrong_shape": ({"selective_scan_loop": scan_state_transposed}, "shape"),

@@ -57,11 +57,14 @@ What a submission may use, and "not writing it yourself"
 read as that body). (1) It may reach only an allowlist (`scanner.allowlist`): the standard
 library, the grading environment's packages and the ``xfam_lib`` names the handed-out notebook
 imports; anything else scores every question 0. (2) Each question's ``off_limits`` (in the
-master notebook, next to the question) lists the library names it asks the student to write;
-an import, attribute access or ``getattr`` that reaches one, however it is spelled, scores that
-question 0. (3) In the runner those names are replaced by tripwires: a call from code that is
-not the library's (known by the identity of its code objects) raises `OffLimitsError` and
-scores the question 0. `scan_code` also reports **review flags** (patching torch or otter,
+master notebook, next to the question) lists the library names it asks the student to write,
+and the private helpers that would do its work; an import, attribute access or ``getattr``
+that reaches one, however it is spelled, in a cell of that question (`notebook_cell_parts`)
+scores that question 0; in a cell of no question, every question that lists it. (3) In the
+runner those names are replaced by tripwires: a call from code that is not the library's
+(known by the identity of its code objects) while a question's checks run raises
+`OffLimitsError` and scores that question 0. ``grader.check`` (`otter_notebook`) runs the
+same scan on the student's notebook, so the student is told before handing in. `scan_code` also reports **review flags** (patching torch or otter,
 starting processes, reading frames or double-underscore attributes, names built at run time,
 writing files, ...) for a person to read; the tripwires still hold the original functions, so
 code that digs them out is caught by these flags, not by the tripwires.
@@ -83,7 +86,7 @@ from .compare import compare_outputs, output_problems
 from .judge import Judge, Report
 from .otter_plugin import OtterJudge, otter_notebook
 from .sandbox import Limits
-from .scanner import notebook_code_cells, scan_code
+from .scanner import notebook_cell_parts, notebook_code_cells, scan_code
 
 __all__ = [
     "DEFAULT_TIME_LIMIT",
@@ -97,6 +100,7 @@ __all__ = [
     "Limits",
     "scan_code",
     "notebook_code_cells",
+    "notebook_cell_parts",
     "Judge",
     "Report",
     "OtterJudge",

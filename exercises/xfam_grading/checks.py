@@ -18,7 +18,7 @@ import torch
 
 import xfam_lib
 
-from .compare import _MAX_PROBLEMS, nonfinite_problems, output_problems
+from .compare import _MAX_PROBLEMS, chunk_hint, mistake_hints, nonfinite_problems, output_problems
 
 _LIBRARY = str(Path(xfam_lib.__file__).resolve().parent)
 
@@ -211,7 +211,8 @@ def _judge_case(compare, case: Any, got: Any, expected: Any) -> list[str]:
     if problems:
         return problems[:_MAX_PROBLEMS]
     if compare is None:
-        return output_problems(got, expected)
+        problems = output_problems(got, expected)
+        return problems + mistake_hints(got, expected, case) if problems else []
     try:
         compare(case, got, expected)
     except AssertionError as exc:
@@ -219,8 +220,19 @@ def _judge_case(compare, case: Any, got: Any, expected: Any) -> list[str]:
     return []
 
 
-def _format_failures(label: str, n_cases: int, failures: list[tuple[dict, list[str]]]) -> str:
-    """One readable message for every failing case of one check."""
+def _format_failures(label: str, n_cases: int, failures: list[tuple[dict, list[str]]],
+                     params: list[dict] | None = None) -> str:
+    """One readable message for every failing case of one check (with a hint when only larger chunks fail)."""
+    hints = [h for h in failures[0][1] if h.startswith("hint: ") and all(h in f[1] for f in failures)]
+    hint = chunk_hint(params or [], [p for p, _ in failures])
+    hints += [hint] if hint else []
+    if len(failures) > 1:              # a hint every failing case shares is said once, after them
+        failures = [(p, [x for x in problems if x not in hints]) for p, problems in failures]
+    text = _format_failure_lines(label, n_cases, failures)
+    return "\n".join([text, *(h for h in hints if h not in text)])
+
+
+def _format_failure_lines(label: str, n_cases: int, failures: list[tuple[dict, list[str]]]) -> str:
     if len(failures) == n_cases > 1 and all(f[1] == failures[0][1] for f in failures) and len(failures[0][1]) == 1:
         return f"[{label}] every case ({n_cases}): {failures[0][1][0]}"
     if len(failures) == 1 and len(failures[0][1]) == 1:
@@ -298,7 +310,9 @@ def check_cases(label: str, *, params: Iterable[dict], make_case: Callable[[dict
             if problems:
                 failures.append((param, problems))
     if failures:
-        raise AssertionError(_format_failures(label, len(params), failures))
+        message = _format_failures(label, len(params), failures, params)
+        # otter shows str(exc).strip("'"): a newline keeps a closing quote of the message
+        raise AssertionError(message + "\n" if message.endswith("'") else message)
 
 
 # ============================================================================= collecting checks (judge side)

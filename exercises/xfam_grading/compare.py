@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import torch
 
-from xfam_lib.testing import assert_close
+from xfam_lib.testing import assert_close, tolerance_for
 
 _MAX_PROBLEMS = 12           # problems listed per case before "... and N more"
 
@@ -49,7 +50,7 @@ def _collect(got: Any, expected: Any, path: str, out: list[str]) -> None:
             try:
                 assert_close(got, expected, name=where)
             except AssertionError as exc:
-                out.append(str(exc))
+                out.append(_without_relative_error_near_zero(str(exc), expected))
         else:
             differ = got != expected
             if bool(differ.any()):
@@ -99,6 +100,125 @@ def _collect(got: Any, expected: Any, path: str, out: list[str]) -> None:
             out.append(f"{where}: expected {expected!r}, got {got!r}")
     else:
         raise TypeError(f"output_problems: unsupported expected type {type(expected).__name__}")
+
+
+_RELATIVE = re.compile(r", relative RMS error [^;]*")
+
+
+def _without_relative_error_near_zero(message: str, expected: torch.Tensor) -> str:
+    """`assert_close`'s message, its relative RMS error replaced where the expected values are all near 0
+    (within 10 atol), where it would only divide by a tiny norm."""
+    atol, _ = tolerance_for(expected)
+    finite = expected[torch.isfinite(expected)]
+    if finite.numel() and float(finite.abs().max()) > 10 * atol:
+        return message
+    return _RELATIVE.sub(" (no relative error: the expected values are all near 0)", message)
+
+
+# ============================================================================= hints: the shape of a mistake
+def _constant_name(c: float) -> str:
+    """``2.83`` -> ``2.83 (about √8)``: a ratio named when it is a small integer, its inverse or a square root."""
+    for value, name in ((c, ""), (1 / c, "1/")):
+        for n in range(2, 4097):
+            if abs(value - n) <= 1e-3 * n and n <= 64:
+                return f"{c:.4g} (about {name}{n})"
+            if abs(value * value - n) <= 1e-3 * n and abs(value - round(value)) > 1e-3:
+                return f"{c:.4g} (about {name}√{n})"
+    return f"{c:.4g}"
+
+
+def _constant_factor(got: torch.Tensor, expected: torch.Tensor) -> str | None:
+    e, g = expected.detach().double().flatten(), got.detach().double().flatten()
+    if e.numel() < 2 or not (torch.isfinite(e).all() and torch.isfinite(g).all()):
+        return None
+    big = e.abs() > 0.1 * e.abs().max()
+    if int(big.sum()) < 2 or float(e.abs().max()) == 0:
+        return None
+    ratio = g[big] / e[big]
+    c = float(ratio.median())
+    if abs(c) < 1e-12 or abs(c - 1) < 1e-3 or float((ratio - c).abs().max()) > 1e-4 * abs(c):
+        return None
+    if float((g - c * e).abs().max()) > 1e-4 * abs(c) * float(e.abs().max()):
+        return None
+    return (f"hint: your output is the expected one times the same constant everywhere, {_constant_name(c)}: "
+            f"look for a scale or a normaliser applied once too often or not at all")
+
+
+def _sequence_length(case: Any) -> int | None:
+    """The sequence length of a case's input: ``q`` or ``x`` with positions on dim -2, or ``u`` on dim -1."""
+    if isinstance(case, dict):
+        for key, dim in (("q", -2), ("x", -2), ("u", -1)):
+            value = case.get(key)
+            if isinstance(value, torch.Tensor) and value.dim() >= -dim:
+                return value.shape[dim]
+    return None
+
+
+def _position_hint(got: torch.Tensor, expected: torch.Tensor, case: Any, chunk: int | None) -> str | None:
+    length = _sequence_length(case)
+    dims = [d for d in (-2, -1) if got.dim() >= -d and got.shape[d] == length]
+    if length is None or not dims:
+        return None
+    atol, rtol = tolerance_for(got, expected)
+    g, e = got.detach().double().movedim(dims[0], 0), expected.detach().double().movedim(dims[0], 0)
+    wrong = ((g - e).abs() > atol + rtol * e.abs()).reshape(length, -1).any(dim=1)
+    if not bool(wrong.any()):
+        return None
+    first = int(wrong.nonzero()[0])
+    if first == 0 and bool((g[0] == 0).all()) and bool((e[0] != 0).any()):
+        return ("hint: at position 0 (t = 0) your output is 0 where it should not be: token t must see itself, so "
+                "include position t in its own sum")
+    if chunk is not None and 1 < chunk < length and first == chunk:
+        return (f"hint: the first chunk (positions 0 to {chunk - 1}) is right and the error starts at position "
+                f"{chunk}, the first of the second chunk: look at what one chunk passes to the next")
+    if first == 1:
+        return ("hint: position 0 is right and the error starts at position 1, the second step: look at what one "
+                "step passes to the next")
+    return None
+
+
+def _tensor_pairs(got: Any, expected: Any):
+    if isinstance(expected, torch.Tensor):
+        if (isinstance(got, torch.Tensor) and got.shape == expected.shape and expected.is_floating_point()
+                and got.is_floating_point()):
+            yield got, expected
+    elif isinstance(expected, dict) and isinstance(got, dict):
+        for key in expected:
+            if key in got:
+                yield from _tensor_pairs(got[key], expected[key])
+    elif isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)) and len(got) == len(expected):
+        for g, e in zip(got, expected):
+            yield from _tensor_pairs(g, e)
+
+
+def mistake_hints(got: Any, expected: Any, case: Any = None) -> list[str]:
+    """Hints for the common shapes of a wrong output, without the answer: a constant factor between
+    ``got`` and ``expected``; an output that is 0 at t = 0; an error that starts at the second step
+    or at the second chunk (``case["chunk_size"]``). Only tensors that fail the comparison are read."""
+    chunk = case.get("chunk_size") if isinstance(case, dict) else None
+    chunk = chunk if isinstance(chunk, int) and not isinstance(chunk, bool) else None
+    hints = []
+    for g, e in _tensor_pairs(got, expected):
+        if not output_problems(g, e) or g.numel() == 0:
+            continue
+        try:
+            hint = _constant_factor(g, e) or _position_hint(g, e, case, chunk)
+        except RuntimeError:              # a shape the hints cannot read: the problems above still stand
+            hint = None
+        if hint and hint not in hints:
+            hints.append(hint)
+    return hints
+
+
+def chunk_hint(params: list[dict], failing: list[dict]) -> str | None:
+    """A hint when every case with ``chunk_size=1`` passes and every failing case has larger chunks."""
+    sizes = [p.get("chunk_size") for p in params]
+    if not failing or not all(isinstance(s, int) for s in sizes) or 1 not in sizes:
+        return None
+    if all(p.get("chunk_size", 1) > 1 for p in failing):
+        return ("hint: the cases with chunk_size=1 pass and only larger chunks fail: look at the work inside a "
+                "chunk (the part between tokens of the same chunk)")
+    return None
 
 
 def output_problems(got: Any, expected: Any, where: str = "") -> list[str]:

@@ -165,9 +165,9 @@ class _Guard:
         if not hit:
             return
         for q in hit:
-            self.violations.setdefault(q, [])
-            if f"calls {dotted}" not in self.violations[q]:
-                self.violations[q].append(f"calls {dotted}")
+            seen = self.violations.setdefault(q, [])
+            if not any(v.startswith(f"calls {dotted} ") for v in seen):
+                seen.append(f"calls {dotted} (first from {code.co_name}() while {q}'s checks ran)")
         raise OffLimitsError(f"{dotted} is off limits in this question: the question asks you to write it yourself")
 
     @contextlib.contextmanager

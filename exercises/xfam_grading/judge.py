@@ -19,9 +19,45 @@ from .checks import (Task, TestSpec, _Collector, _collecting, _format_failures, 
 from .guard import _Guard, expand_off_limits, off_limits_resolver
 from .runner import _reset_torch_state, run_tasks
 from .sandbox import Limits, _Runner, isolation_available
-from .scanner import NOT_ALLOWED, _cell_title, _to_python, allowlist, notebook_code_cells, scan_code
+from .scanner import NOT_ALLOWED, _cell_title, _to_python, allowlist, notebook_cell_parts, scan_cells
 
 PLUGIN_NAME = "xfam_grading.OtterJudge"
+
+# ============================================================================= the static scan
+def scan_notebook(cells: list[str], parts: list[str | None] | None, config: dict, questions: list[str],
+                  entries: dict | None = None) -> tuple[dict[str, list[str]], list[str]]:
+    """Off-limits uses per question, and review flags, from a notebook's code alone.
+
+    ``parts`` names the graded part each cell belongs to (`notebook_cell_parts`; None: no
+    part). An off-limits name costs the part whose cell holds it, if that part lists it; in a
+    cell of no part it costs every part that lists it; a part that calls a name it lists from
+    another cell is caught when its checks run (the tripwires). A name off the allowlist
+    (`allowlist`: the standard library, the grading environment's packages, the library names
+    the notebook was given) has no tripwire and may answer any part, so it costs every part.
+    ``config``: the judge's (``off_limits``, ``library``, ``setup_cell``).
+    """
+    entries = expand_off_limits(config.get("off_limits", {})) if entries is None else entries
+    setup = config.get("setup_cell")
+    parts = list(parts) if parts is not None else [None] * len(cells)
+    reached, flags = scan_cells(cells, off_limits_resolver(entries), skip=[_to_python(setup)] if setup else [],
+                                allowed=allowlist(config.get("library", ())))
+    violations: dict[str, list[str]] = {}
+    for entry, where, cell in reached:
+        part = parts[cell] if cell < len(parts) else None
+        if entry == NOT_ALLOWED:
+            hit, text = list(questions), f"uses a name off the allowlist: {where}"
+        elif part is None:
+            hit, text = entries[entry][1], f"uses {entry} {where}"
+            if len(hit) > 1:
+                text += f", a cell of no part, so it costs every part that lists it ({', '.join(hit)})"
+        else:
+            hit, text = [q for q in entries[entry][1] if q == part], f"uses {entry} {where}"
+        for question in hit:
+            violations.setdefault(question, [])
+            if text not in violations[question]:
+                violations[question].append(text)
+    return violations, flags
+
 
 # ============================================================================= the judge
 @dataclass
@@ -47,11 +83,24 @@ class QuestionResult:
     def score(self) -> float:
         return 0.0 if self.violations else sum(t.points for t in self.tests if t.passed)
 
+    @property
+    def attempted(self) -> bool:
+        """False when every check fails only because the answer still raises the stub's NotImplementedError."""
+        return not all(not t.passed and "raised NotImplementedError" in t.message for t in self.tests)
+
+    def off_limits_message(self) -> str:
+        """One sentence naming the off-limits names this part used and the rule ('' when none)."""
+        if not self.violations:
+            return ""
+        return (f"{self.name} scores 0 under the off-limits rule ({self.name} asks you to write this yourself, "
+                f"without these library names): " + "; ".join(self.violations))
+
     def message(self) -> str:
-        """Why points were lost: the off-limits names used, or each failing hidden test."""
+        """Why points were lost: the off-limits names used, beside each failing hidden test."""
+        failing = " | ".join(t.message for t in self.tests if t.hidden and not t.passed)
         if self.violations:
-            return "off limits, scored 0: " + "; ".join(self.violations)
-        return " | ".join(t.message for t in self.tests if t.hidden and not t.passed)
+            return self.off_limits_message() + (f". Its checks: {failing}" if failing else ". Its checks pass.")
+        return failing
 
 
 @dataclass
@@ -78,7 +127,7 @@ class Report:
         for q in self.questions.values():
             lines.append(f"{q.name}: {q.score:g} / {q.possible:g}")
             if q.violations:
-                lines.append("  off limits: " + "; ".join(q.violations))
+                lines.append("  " + q.off_limits_message())
             for t in q.tests:
                 if not t.passed:
                     lines.append(textwrap.indent(f"{'hidden' if t.hidden else 'public'} {t.name}: {t.message}", "  "))
@@ -160,27 +209,9 @@ class Judge:
         return judge
 
     # ---- names the student's code reaches
-    def scan(self, cells: list[str]) -> tuple[dict[str, list[str]], list[str]]:
-        """Off-limits uses per question, and review flags, from the code alone.
-
-        A name off the allowlist (`allowlist`: the standard library, the grading environment's
-        packages, the library names the notebook was given) costs every question: the cell that
-        uses it may answer any of them.
-        """
-        setup = self.config.get("setup_cell")
-        reached, flags = scan_code(cells, off_limits_resolver(self.entries), skip=[_to_python(setup)] if setup else [],
-                                   allowed=allowlist(self.config.get("library", ())))
-        violations: dict[str, list[str]] = {}
-        for entry, where in reached:
-            if entry == NOT_ALLOWED:
-                questions, text = list(self.questions), f"uses a name off the allowlist: {where}"
-            else:
-                questions, text = self.entries[entry][1], f"uses {entry} {where}"
-            for question in questions:
-                violations.setdefault(question, [])
-                if text not in violations[question]:
-                    violations[question].append(text)
-        return violations, flags
+    def scan(self, cells: list[str], parts: list[str | None] | None = None) -> tuple[dict[str, list[str]], list[str]]:
+        """Off-limits uses per question, and review flags, from the code alone (see `scan_notebook`)."""
+        return scan_notebook(cells, parts, self.config, list(self.questions), self.entries)
 
     # ---- grading
     def grade(self, notebook: Path | str | dict) -> Report:
@@ -206,8 +237,11 @@ class Judge:
             nbformat.validate(nb)
         except Exception as exc:
             return self._score({}, {}, [f"not a valid notebook: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"])
-        cells = [_to_python(c) for c in notebook_code_cells(nb)]
-        static, flags = self.scan(cells)
+        cells, parts = [], []
+        for source, part in notebook_cell_parts(nb):
+            cells.append(_to_python(source))
+            parts.append(part)
+        static, flags = self.scan(cells, parts)
         request = {"cells": cells, "tasks": [t.spec(self.limits.call_seconds) for t in self.tasks],
                    "off_limits": self.off_limits, "cell_seconds": self.limits.cell_seconds}
         slot = self._take_slot()
@@ -332,6 +366,6 @@ class Judge:
                 problems = [f"the output could not be compared: {type(exc).__name__}: {str(exc)[:200]}"]
             if problems:
                 failures.append((param, problems))
-        return [_format_failures(task.label, len(task.cases), failures)] if failures else []
+        return [_format_failures(task.label, len(task.cases), failures, task.params)] if failures else []
 
 

@@ -14,17 +14,50 @@ _MARKER = re.compile(r"#\s+(begin|end)\s+(question|solution|tests|prompt)\b", re
 
 def notebook_code_cells(nb) -> list[str]:
     """The code a notebook runs as a submission: every code cell but otter's own and the masters' test blocks."""
-    cells, block = [], []
+    return [source for source, _ in notebook_cell_parts(nb)]
+
+
+_QUESTION_NAME = re.compile(r"^name:\s*(q\w+)\s*$", re.M)
+_CHECK_NAME = re.compile(r"\s*grader\.check\(\s*['\"](\w+)['\"]\s*\)\s*")
+
+
+def notebook_cell_parts(nb) -> list[tuple[str, str | None]]:
+    """`notebook_code_cells`, each with the graded part it belongs to (None: no part).
+
+    In a master, a part's cells are those inside its ``# BEGIN QUESTION`` block. In a student
+    notebook, a code cell belongs to the part whose ``grader.check("q1a")`` cell comes next,
+    unless a Markdown heading (``# ...``) comes first: the cells at the top of the notebook and
+    at the top of a question belong to no part.
+    """
+    cells, block, part, pending = [], [], None, []
+
+    def settle(owner: str | None) -> None:
+        for index in pending:
+            cells[index] = (cells[index][0], owner)
+        pending.clear()
+
     for cell in nb["cells"]:
         source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
         if cell["cell_type"] == "raw" and source.strip():
             match = _MARKER.match(source.strip().splitlines()[0])
             if match:
-                block = block + [match.group(2).lower()] if match.group(1).lower() == "begin" else block[:-1]
+                begin, kind = match.group(1).lower() == "begin", match.group(2).lower()
+                block = block + [kind] if begin else block[:-1]
+                if kind == "question":
+                    name = _QUESTION_NAME.search(source) if begin else None
+                    part = name.group(1) if name else None
             continue
-        if (cell["cell_type"] == "code" and block[-1:] != ["tests"] and not source.startswith(OTTER_INIT_PREFIX)
-                and not _CHECK_CELL.fullmatch(source)):
-            cells.append(source)
+        if cell["cell_type"] == "markdown" and source.lstrip().startswith("#"):
+            settle(None)
+        elif cell["cell_type"] == "code" and _CHECK_CELL.fullmatch(source):
+            check = _CHECK_NAME.fullmatch(source)
+            settle(check.group(1) if check else None)
+        elif (cell["cell_type"] == "code" and block[-1:] != ["tests"]
+              and not source.startswith(OTTER_INIT_PREFIX)):
+            cells.append((source, part))
+            if part is None:
+                pending.append(len(cells) - 1)
+    settle(None)
     return cells
 
 
@@ -381,6 +414,13 @@ def scan_code(cells: list[str], resolve: Callable[[str], list[str]], *, skip: It
     describes code to review (patching libraries, processes, frames, files, ...). Cells equal to
     one of ``skip`` (the canonical setup cell) and cells that do not parse are left out.
     """
+    reached, flags = scan_cells(cells, resolve, skip=skip, allowed=allowed)
+    return [(entry, where) for entry, where, _ in reached], flags
+
+
+def scan_cells(cells: list[str], resolve: Callable[[str], list[str]], *, skip: Iterable[str] = (),
+               allowed: Callable[[str], str | None] | None = None) -> tuple[list[tuple[str, str, int]], list[str]]:
+    """`scan_code`, with the index of the cell each entry was reached in: ``(entry, where, cell)``."""
     skip, reached, flags, aliases, strings = set(skip), [], [], {}, {}
     for index, source in enumerate(cells):
         if source in skip:
@@ -393,10 +433,10 @@ def scan_code(cells: list[str], resolve: Callable[[str], list[str]], *, skip: It
         scanner = _Scanner(resolve, index, title, allowed)
         scanner.aliases, scanner.strings = aliases, strings       # names carry over between cells
         scanner.visit(tree)
-        reached += [(entry, (f"as {spelled} " if spelled != entry else "") + f"({title}, line {line})")
+        reached += [(entry, (f"as {spelled} " if spelled != entry else "") + f"({title}, line {line})", index)
                     for entry, spelled, line in scanner.reached]
-        reached += [(NOT_ALLOWED, f"{why} ({title}, line {line})") for why, line in scanner.refused]
+        reached += [(NOT_ALLOWED, f"{why} ({title}, line {line})", index) for why, line in scanner.refused]
         flags += [f"{what} ({title}, line {line})" for line, what in scanner.flags]
-    return reached, list(dict.fromkeys(flags))
+    return list(dict.fromkeys(reached)), list(dict.fromkeys(flags))
 
 

@@ -14,7 +14,15 @@ def test_q2b_public(orthogonal_gaussian_rows):
         return {'m': p['m'], 'd': p['d'], 'seed': p['seed']}
 
     def submission(c):
-        return {'rows': orthogonal_gaussian_rows(c['m'], c['d'], c['seed']), 'same seed': orthogonal_gaussian_rows(c['m'], c['d'], c['seed']), 'other seed': orthogonal_gaussian_rows(c['m'], c['d'], c['seed'] + 1)}
+        m, d, seed = (c['m'], c['d'], c['seed'])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            before = torch.get_rng_state()
+            rows = orthogonal_gaussian_rows(m, d, seed)
+            untouched = torch.equal(torch.get_rng_state(), before)
+            torch.manual_seed(1)
+            other_global = orthogonal_gaussian_rows(m, d, seed)
+        return {'rows': rows, 'same seed': orthogonal_gaussian_rows(m, d, seed), 'other seed': orthogonal_gaussian_rows(m, d, seed + 1), 'global state untouched': untouched, 'other global state': other_global}
 
     def reference(c):
         return None
@@ -30,6 +38,10 @@ def test_q2b_public(orthogonal_gaussian_rows):
             problems.append('the same seed gave other rows (draw every number from torch.Generator().manual_seed(seed))')
         if got['other seed'].shape == W.shape and torch.equal(W, got['other seed']):
             problems.append('another seed gave the same rows')
+        if not got['global state untouched']:
+            problems.append('the call changed the global random state (torch.manual_seed, or a draw without generator=): draw from your own torch.Generator only')
+        elif not torch.equal(W, got['other global state']):
+            problems.append('the rows depend on the global random state: pass generator= to every draw')
         unit = W / W.norm(dim=-1, keepdim=True)
         for start in range(0, m, d):
             block = unit[start:start + d]
