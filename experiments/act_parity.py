@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from xfam_lib.experiments import train_parity
+from xfam_lib.ablations import train_parity
 
 OUT = Path(__file__).resolve().parent / "results" / "act_parity.json"
 

@@ -5,7 +5,7 @@ output) with an ACT halting unit on 64-element parity vectors: each example is a
 the network reads the vector plus a flag that is 1 on the first ponder step only, epsilon = 0.01, at
 most 100 ponder steps, time penalties tau from 1e-4 to 1e-1, Adam, batch 128, learning rate 1e-4,
 trained for a long time. `experiments/act_parity.py` used a GRU cell and 8 bits instead. This script
-keeps Graves's structure (`xfam_lib.experiments.ParityACTGraves`: tanh RNN cell, input + first-step
+keeps Graves's structure (`xfam_lib.ablations.ParityACTGraves`: tanh RNN cell, input + first-step
 flag at every step, sequence length 1, halting bias 1 at init, threshold 0.99, at most 100 steps) and
 scales the rest down to fit a CPU: fewer bits, a larger learning rate, a few thousand steps.
 
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from xfam_lib.experiments import train_parity
+from xfam_lib.ablations import train_parity
 
 OUT = Path(__file__).resolve().parent / "results" / "act_parity_graves.json"
 SEEDS = [0, 1, 2]

@@ -2,7 +2,7 @@
 
 The companion of ``act_parity.py``. `xfam_lib.tasks.permutation_steps` gives a start item and a
 difficulty ``k``; the target is the start moved ``k`` times by a fixed one-cycle permutation
-(`xfam_lib.tasks.cyclic_permutation`). `xfam_lib.experiments.PermutationACT` reads the start at the
+(`xfam_lib.tasks.cyclic_permutation`). `xfam_lib.ablations.PermutationACT` reads the start at the
 first step only, so its state can only move the item along step by step, and its halting unit sees
 ``k``. The loss is the cross-entropy plus ``tau`` times the ponder cost N + R. After training, the
 mean ponder cost and the accuracy are measured for every ``k``, per seed. Results go to
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from xfam_lib.experiments import train_permutation_act
+from xfam_lib.ablations import train_permutation_act
 
 OUT = Path(__file__).resolve().parent / "results" / "act_permutation.json"
 

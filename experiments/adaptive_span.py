@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from xfam_lib.experiments import train_spans
+from xfam_lib.ablations import train_spans
 
 OUT = Path(__file__).resolve().parent / "results" / "adaptive_span_modes.json"
 

@@ -1,6 +1,6 @@
 """Induction heads: train at one length, test at longer ones (Gu & Dao 2023, Table 2; M11.4, M9.8, M9.10).
 
-Every arm is `xfam_lib.experiments.induction_heads_run`: the same small `SSMLM` (embedding, two pre-norm
+Every arm is `xfam_lib.ablations.induction_heads_run`: the same small `SSMLM` (embedding, two pre-norm
 residual layers, read-out; d_model 16, state 8) with S4D layers (time-invariant) or Mamba blocks
 (selective), trained on the same batches of `xfam_lib.tasks.induction_heads` at length 32 (a trigger
 token, the answer after it, random tokens, the trigger again: predict the answer), then tested on 256
@@ -22,7 +22,7 @@ from itertools import product
 import torch
 from tqdm import tqdm
 
-from xfam_lib.experiments import induction_heads_run
+from xfam_lib.ablations import induction_heads_run
 
 OUT = Path(__file__).resolve().parent / "results" / "induction_heads.json"
 

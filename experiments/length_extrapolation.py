@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from xfam_lib.experiments import length_extrapolation
+from xfam_lib.ablations import length_extrapolation
 
 KINDS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5", "shaw", "xl")
 OUT = Path(__file__).resolve().parent / "results" / "length_extrapolation.json"

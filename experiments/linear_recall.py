@@ -2,7 +2,7 @@
 
 Zoology (Arora et al. 2024) finds that efficient token mixers with a fixed-size state lose multi-query
 associative recall (MQAR) accuracy to softmax attention as the number of key-value pairs grows at a
-fixed model width. This script trains `xfam_lib.experiments.RecallNet` with ``mixer="softmax"`` and
+fixed model width. This script trains `xfam_lib.ablations.RecallNet` with ``mixer="softmax"`` and
 ``mixer="linear"`` (elu+1 linear attention: one ``d_head x d_head`` state per head) on
 `xfam_lib.tasks.mqar` for several numbers of pairs; the two arms share every parameter, seed and batch
 except the token mixer. Accuracy is measured over the query positions of fresh sequences.
@@ -25,7 +25,7 @@ from itertools import product
 import torch
 from tqdm import tqdm
 
-from xfam_lib.experiments import train_recall
+from xfam_lib.ablations import train_recall
 
 OUT = Path(__file__).resolve().parent / "results" / "linear_recall.json"
 

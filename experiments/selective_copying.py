@@ -1,6 +1,6 @@
 """Selective copying: a time-invariant SSM against a selective one (Gu & Dao 2023, Table 1; M11.3, M9.8, M9.10).
 
-Every arm is `xfam_lib.experiments.selective_copying_run`: the same small `SSMLM` (embedding, two
+Every arm is `xfam_lib.ablations.selective_copying_run`: the same small `SSMLM` (embedding, two
 pre-norm residual layers, read-out; d_model 16, state 8) with S4D layers (time-invariant) or Mamba blocks
 (selective); ``--kinds s4d h3 mamba`` adds H3 (time-invariant kernels with multiplicative gates). Trained on the same
 batches of `xfam_lib.tasks.selective_copying` (4 data tokens at random positions among 64, then 4
@@ -22,7 +22,7 @@ from itertools import product
 import torch
 from tqdm import tqdm
 
-from xfam_lib.experiments import selective_copying_run
+from xfam_lib.ablations import selective_copying_run
 
 OUT = Path(__file__).resolve().parent / "results" / "selective_copying.json"
 

@@ -1,6 +1,6 @@
 """Where does a small trained LM look? Mean attention by relative position, before and after training (M7.18, F7.8).
 
-Each seed is `xfam_lib.experiments.train_sink_lm`: a 2-layer `TransformerLM` (RoPE, 4 heads, d = 32)
+Each seed is `xfam_lib.ablations.train_sink_lm`: a 2-layer `TransformerLM` (RoPE, 4 heads, d = 32)
 trained on a `LaggedTopicLanguage` whose rule copies (a permutation of) the token ``lag`` steps back,
 sequences of 64 tokens. `attention_by_distance` averages the attention weights of every head on a
 held-out batch by ``i - j``, and records the weight on token 0 (an "attention sink") against the uniform
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from xfam_lib.experiments import train_sink_lm
+from xfam_lib.ablations import train_sink_lm
 
 OUT = Path(__file__).resolve().parent / "results" / "sink_attention.json"
 

@@ -1,6 +1,6 @@
 """What does a sparse attention pattern cost in quality? Recall beyond the window (M7.2, M7.10, M7.11, M7.13).
 
-`xfam_lib.experiments.train_sparse_recall` trains the same small two-sided model (`StackedRecallNet`:
+`xfam_lib.ablations.train_sparse_recall` trains the same small two-sided model (`StackedRecallNet`:
 `RecallNet`'s architecture, 2 layers, d = 32, 2 heads) on multi-query associative recall (`tasks.mqar`,
 preceded by global tokens) with five attention patterns: dense, a sliding window, the window plus global
 tokens (Longformer), BigBird (window, global and random blocks) and LSH (Reformer bucketing, shared QK).
@@ -20,7 +20,7 @@ import time
 import torch
 from common import RESULTS, parser, quick, save_result
 
-from xfam_lib.experiments import train_sparse_recall
+from xfam_lib.ablations import train_sparse_recall
 
 OUT = RESULTS / "sparse_recall.json"
 

@@ -5,7 +5,7 @@ weights, does as well as or better than a Transformer with T separate layers on 
 (copy, reverse, addition) with far fewer parameters. This script trains both at the same width for a
 few depths T, on two tasks from `xfam_lib.tasks`: ``copy_task`` (output position i = input position i)
 and ``reverse_task`` (output position i = input position L-1-i). The model is
-`xfam_lib.experiments.UTSeq2Seq`: encoder only, one output token per input position (equal lengths),
+`xfam_lib.ablations.UTSeq2Seq`: encoder only, one output token per input position (equal lengths),
 an embedding, the core, a linear head. ``tied=True`` is `xfam_lib.adaptive.UniversalTransformer` (ACT
 off); ``tied=False`` is T separate `xfam_lib.transformer.EncoderLayer`\\ s.
 
@@ -30,7 +30,7 @@ from itertools import product
 import torch
 from tqdm import tqdm
 
-from xfam_lib.experiments import train_ut_seq2seq
+from xfam_lib.ablations import train_ut_seq2seq
 
 from common import RESULTS, parser, quick, save_result   # experiments/common.py
 

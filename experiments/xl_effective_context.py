@@ -1,6 +1,6 @@
 """How far back can a model copy? Vanilla (no memory) vs Transformer-XL memories (M5.1, M5.2, FIGURES F5.1).
 
-Every arm is `xfam_lib.experiments.xl_delayed_copy`: the same `xfam_lib.memory.TransformerXL` (same
+Every arm is `xfam_lib.ablations.xl_delayed_copy`: the same `xfam_lib.memory.TransformerXL` (same
 parameters, same seed, same batches); only ``mem_len`` differs: 0 is the vanilla segment-by-segment model, which sees nothing before its segment.
 The task is `xfam_lib.tasks.delayed_copy`: output the token read ``delay`` steps back. Streams of
 ``n_segments`` segments of ``segment_len`` tokens are processed one segment at a time, carrying the
@@ -24,7 +24,7 @@ from itertools import product
 import torch
 from tqdm import tqdm
 
-from xfam_lib.experiments import xl_delayed_copy
+from xfam_lib.ablations import xl_delayed_copy
 from xfam_lib.memory import temporal_range
 
 OUT = Path(__file__).resolve().parent / "results" / "xl_effective_context.json"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from xfam_lib.attention import MultiHeadAttention, scaled_dot_product_attention
-from xfam_lib.experiments import length_extrapolation
+from xfam_lib.ablations import length_extrapolation
 from xfam_lib.positional import alibi_bias
 from xfam_lib.tasks import LaggedTopicLanguage
 from xfam_lib.testing import assert_close, check_causal

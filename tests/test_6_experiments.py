@@ -4,7 +4,7 @@ depend on ``k`` and only the halting unit sees ``k`` (M6.3); `ParityACTGraves` i
 import pytest
 import torch
 
-from xfam_lib.experiments import ParityACTGraves, PermutationACT, UTSeq2Seq, train_parity, train_ut_seq2seq
+from xfam_lib.ablations import ParityACTGraves, PermutationACT, UTSeq2Seq, train_parity, train_ut_seq2seq
 from xfam_lib.testing import assert_close
 from xfam_lib.transformer import EncoderLayer, count_params
 

@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from xfam_lib import sparse
 from xfam_lib.bench import attention_flops
-from xfam_lib.experiments import activation_memory, attention_by_distance
+from xfam_lib.ablations import activation_memory, attention_by_distance
 from xfam_lib.plots import plot_mask
 from xfam_lib.transformer import TransformerLM
 
@@ -118,7 +118,7 @@ def test_sparse_kernels_run_under_bf16_autocast_M7_7(kernel):
 def test_train_sink_lm_learns_the_lag_M7_18():
     """A short run already puts the attention peak on i - j = lag - 1 (the token that predicts the next one
     under the lag rule), well above the uniform share; before training there is no such peak."""
-    from xfam_lib.experiments import train_sink_lm
+    from xfam_lib.ablations import train_sink_lm
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)                                   # a tiny model: threads only contend

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from xfam_lib import sparse
-from xfam_lib.experiments import StackedRecallNet, sparse_recall_mask, train_sparse_recall
+from xfam_lib.ablations import StackedRecallNet, sparse_recall_mask, train_sparse_recall
 
 
 def _tiles_by_loop(mask, b):

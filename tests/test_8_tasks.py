@@ -43,7 +43,7 @@ def test_mqar_bad_input_names_the_argument():
 @pytest.mark.parametrize("mixer", ["softmax", "linear"])
 def test_recall_net_is_causal_M8_9(mixer):
     """Changing token 9 leaves the logits at positions 0..8 unchanged and moves later ones (both mixers)."""
-    from xfam_lib.experiments import RecallNet
+    from xfam_lib.ablations import RecallNet
 
     torch.manual_seed(0)
     model = RecallNet(20, d_model=16, n_heads=2, n_layers=2, mixer=mixer, max_len=24).double().eval()
@@ -56,7 +56,7 @@ def test_recall_net_is_causal_M8_9(mixer):
 
 
 def test_recall_net_bad_input():
-    from xfam_lib.experiments import RecallNet
+    from xfam_lib.ablations import RecallNet
 
     with pytest.raises(ValueError, match="mixer"):
         RecallNet(20, mixer="lstm")

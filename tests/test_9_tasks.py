@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from xfam_lib.experiments import SSMLM, induction_heads_run, selective_copying_run
+from xfam_lib.ablations import SSMLM, induction_heads_run, selective_copying_run
 from xfam_lib.tasks import BOS, N_SPECIAL, PAD, induction_heads, selective_copying
 
 

@@ -519,7 +519,7 @@ def _scan_notebook(j, nb) -> dict:
     ("ch09", "from xfam_lib.ssm import selective_scan as scan", "q4a", set()),      # q4a does not list it
     ("ch09", "from xfam_lib.ssm import selective_scan as scan", None, {"q3a", "q4b", "q5a"}),  # no part's cell
     ("ch09", "from xfam_lib.ssm import *", "q1b", {"q1b"}),
-    ("ch09", "from xfam_lib.ssm import _phi1 as helper", "q1b", {"q1b"}),                # a listed private helper
+    ("ch09", "from xfam_lib.ssm._common import _phi1 as helper", "q1b", {"q1b"}),                # a listed private helper
 ])
 def test_an_off_limits_name_costs_the_part_whose_cell_holds_it(chapter, line, cell_part, costs, built, judge):
     nb = _with_answer_line(chapter, built(chapter).student_dir / f"{chapter}_exercises.ipynb", cell_part, line)
@@ -532,20 +532,20 @@ def test_an_off_limits_name_costs_the_part_whose_cell_holds_it(chapter, line, ce
 
 def _phi1_zoh_diagonal(A, B, delta):
     """ch09 q1b answered by the library's private helper: right values, none of the work."""
-    from xfam_lib.ssm import _phi1
+    from xfam_lib.ssm._common import _phi1
 
     dA = delta[:, None] * A
     return torch.exp(dA), delta[:, None] * _phi1(dA) * B
 
 
 def test_a_private_helper_that_solves_a_part_is_off_limits(built, judge):
-    """`from xfam_lib.ssm import _phi1` answers ch09 q1b; its checks pass, and the part scores 0."""
+    """`from xfam_lib.ssm._common import _phi1` answers ch09 q1b; its checks pass, and the part scores 0."""
     env = namespace("ch09", "solution", built)
     env["zoh_diagonal"] = _phi1_zoh_diagonal
     public = public_results(built("ch09").student_dir / "tests" / "q1b.py", env)
     assert all(ok for ok, _ in public), public                  # the values are right: only the rule catches it
     verdict = judge("ch09").grade_namespace(env, ["q1b"]).questions["q1b"]
-    assert verdict.score == 0 and any("calls xfam_lib.ssm._phi1" in v for v in verdict.violations), verdict
+    assert verdict.score == 0 and any("calls xfam_lib.ssm._common._phi1" in v for v in verdict.violations), verdict
 
 
 def _check_in_folder(chapter, built, tmp_path, monkeypatch, nb, env, question):

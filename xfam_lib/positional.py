@@ -1,6 +1,6 @@
 """Positional encodings: absolute (sinusoidal, learned), relative (Shaw, Transformer-XL, T5),
 rotary (RoPE), linear biases (ALiBi), and distance-aware reweighting (DA-Transformer).
-The length-extrapolation experiment that compares them lives in `xfam_lib.experiments`.
+The length-extrapolation experiment that compares them lives in `xfam_lib.ablations`.
 
 Conventions (book-wide, see ``shared/API.md``):
 

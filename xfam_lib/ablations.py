@@ -1,4 +1,4 @@
-"""Experiments that train several small models which differ in one component and compare them.
+"""Ablations: small models that differ in one component, trained side by side and compared.
 
 `length_extrapolation` (chapter 4, M4.15): decoder-only LMs that differ only in positional encoding,
 trained at one length and evaluated at multiples of it.
