@@ -193,3 +193,12 @@ def test_assert_close_compares_complex_tensors_by_modulus():
         assert_close(z32 + 1e-3j, z32)
     with pytest.raises(AssertionError, match="NaN where expected is finite"):
         assert_close(z.where(torch.arange(6) != 2, complex("nan+0j")), z)
+
+
+def test_assert_close_reports_no_relative_error_for_near_zero_expected_values():
+    """Dividing by the norm of values within 10 atol of 0 gives a meaningless ratio (1e+300)."""
+    with pytest.raises(AssertionError) as near_zero:
+        assert_close(torch.ones(3, dtype=torch.float64), torch.full((3,), 1e-300, dtype=torch.float64))
+    assert "relative RMS error" not in str(near_zero.value) and "near 0" in str(near_zero.value)
+    with pytest.raises(AssertionError, match=r"relative RMS error 1\.000e\+00"):
+        assert_close(torch.full((3,), 2.0, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
