@@ -18,11 +18,11 @@ RESULTS = ROOT / "experiments" / "results"
 SWEEP = ROOT / "benchmarks" / "results" / "arena.json"
 
 
-def parser(doc: str, out: Path) -> argparse.ArgumentParser:
+def parser(doc: str, out: Path, *, quick_help: str = "one seed, 30 steps") -> argparse.ArgumentParser:
     """An argument parser with the options every script has: ``--threads``, ``--quick``, ``--out``."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--quick", action="store_true", help="one seed, 30 steps")
+    p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--out", type=Path, default=out)
     return p
 

@@ -16,17 +16,15 @@ keeps what it finished); chapter 10 plots them. Usage:
 """
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import time
 from pathlib import Path
 
 import torch
+from common import RESULTS, parser, save_result
 
 from xfam_lib.rl import LSTMPolicy, TMaze, TransformerPolicy, count_parameters, match_parameters, train_reinforce
 
-OUT = Path(__file__).resolve().parent / "results" / "gtrxl_tmaze.json"
+OUT = RESULTS / "gtrxl_tmaze.json"
 
 
 def policies(depth: int, d_model: int) -> tuple[dict, dict]:
@@ -43,18 +41,15 @@ def policies(depth: int, d_model: int) -> tuple[dict, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 5e-3])
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=32)
-    parser.add_argument("--length", type=int, default=10)
-    parser.add_argument("--updates", type=int, default=150)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
+    p = parser(__doc__, OUT, quick_help="one seed, 2 layers, 10 updates")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 5e-3])
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=32)
+    p.add_argument("--length", type=int, default=10)
+    p.add_argument("--updates", type=int, default=150)
+    p.add_argument("--batch", type=int, default=32)
+    args = p.parse_args()
     if args.quick:
         args.seeds, args.lrs, args.depth, args.updates = args.seeds[:1], args.lrs[-1:], 2, 10
     torch.set_num_threads(args.threads)
@@ -71,7 +66,7 @@ def main() -> None:
                 runs[str(lr)][name].append({"seed": seed, **out})
                 print(f"lr {lr:g} seed {seed} {name:20s}: greedy return {out['eval_return'][-1]:+.2f} "
                       f"({time.perf_counter() - start:.0f} s)", flush=True)
-                result = {
+                result = save_result(args.out, {
                     "config": {"depth": args.depth, "d_model": args.d_model, "n_heads": 4, "length": args.length,
                                "updates": args.updates, "batch": args.batch, "lrs": args.lrs, "seeds": args.seeds,
                                "eval_episodes": 64, "policies": settings,
@@ -79,14 +74,9 @@ def main() -> None:
                     "parameters": params,
                     "chance_return": 0.0,
                     "runs": runs,
-                    "wall_time_s": round(time.perf_counter() - start, 1),
                     "cpu_time_s": round(time.process_time() - cpu_start, 1),
-                    "machine": {"torch": torch.__version__, "threads": args.threads,
-                                "python": platform.python_version(), "cpu": platform.machine()},
-                }
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} in {result['wall_time_s']} s ({result['cpu_time_s']} s of CPU)")
+                }, threads=args.threads, start=start)
+    print(f"{result['cpu_time_s']} s of CPU")
 
 
 if __name__ == "__main__":
