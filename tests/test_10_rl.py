@@ -48,7 +48,7 @@ def _randn(*shape, gen):
 
 
 # ----------------------------------------------------------------------------- M10.3 the GRU gate
-def test_gru_gate_equals_its_equations_M10_3(gen):
+def test_gru_gate_equals_its_equations_M10_7(gen):
     """g = (1−z)x + zĥ with r, z, ĥ written out from the gate's own weight blocks, per position."""
     d = 6
     gate = GRUGate(d, bias_init=0.5).double()
@@ -68,7 +68,7 @@ def test_gru_gate_equals_its_equations_M10_3(gen):
     assert_close(gate(x, y), want)
 
 
-def test_gru_gate_large_bias_is_identity_and_deviation_falls_with_bias_M10_3(gen):
+def test_gru_gate_large_bias_is_identity_and_deviation_falls_with_bias_M10_7(gen):
     """b_g → ∞ closes the update gate: g(x, y) = x. At initialisation ||g − x||/||x|| falls as b_g grows
     (0, 1, 2, 4): the block starts nearer the identity map."""
     d = 16
@@ -191,7 +191,7 @@ def test_layer_gradient_norms_equal_a_manual_backward_M10_2(gen):
         assert_close(params, torch.stack(want))
 
 
-def test_layer_gradient_norms_identity_limits_M10_2_M10_3(gen):
+def test_layer_gradient_norms_identity_limits_M10_2_M10_7(gen):
     """Where a stack is exactly the identity map, every layer receives the top gradient unchanged:
     Pre-LN blocks whose sub-layers output zero, and GRU gates closed by a huge b_g."""
     x, w = _randn(2, 4, 8, gen=gen), _randn(2, 4, 8, gen=gen)
@@ -451,8 +451,8 @@ def test_t_maze_passes_gymnasium_check_env_and_needs_the_cue_M10_3():
         TMaze(1)
 
 
-def test_reinforce_loss_equals_its_formula_and_the_baseline_adds_no_bias_M10_3(gen):
-    """The loss written out by hand; and over a one-step bandit, the exact expected policy gradient
+def test_reinforce_loss_equals_its_formula_and_the_baseline_adds_no_bias_M10_7(gen):
+    """(M10.7) The loss written out by hand; and over a one-step bandit, the exact expected policy gradient
     (every action weighted by its probability) is the same with a baseline of 0 or of 5."""
     logits, values = _randn(3, 4, 2, gen=gen), _randn(3, 4, gen=gen)
     actions, rewards = torch.randint(2, (3, 4), generator=gen), _randn(3, 4, gen=gen)
@@ -479,7 +479,7 @@ def test_reinforce_loss_equals_its_formula_and_the_baseline_adds_no_bias_M10_3(g
         reinforce_loss(logits, values[:, :3], actions, rewards)
 
 
-def test_play_episodes_is_seeded_and_feeds_the_policy_the_past_M10_3():
+def test_play_episodes_is_seeded_and_feeds_the_policy_the_past_M10_7():
     """Same seed, same episodes; the observations are the environments' own; greedy play is
     deterministic; episodes of different lengths are refused."""
     torch.manual_seed(0)
@@ -516,7 +516,7 @@ def test_match_parameters_and_policies_M10_3():
         policy(obs[0])
 
 
-def test_train_reinforce_solves_a_short_t_maze_with_an_lstm_M10_3():
+def test_train_reinforce_solves_a_short_t_maze_with_an_lstm_M10_7():
     """Policy gradient with a baseline learns the cue-to-turn memory of a 3-step T-maze: greedy return
     from chance (about 0) to 1 (all held-out episodes right), in every one of 2 seeds."""
     for seed in range(2):
