@@ -17,8 +17,10 @@ step() {  # step NAME COMMAND... : run, record exit status and seconds
   printf '%s\t%s\t%s\n' "$name" "$?" "$((SECONDS - start))" >> "$REPORTS/steps.tsv"
 }
 
+# The library tests run on every core (pytest-xdist; at most 4 workers): most of their time is the
+# grading runs' subprocesses, which use one core each.
 step "library, exercises and hygiene tests" \
-  $PY -m pytest tests -q -rfE --junitxml="$REPORTS/library.xml"
+  $PY -m pytest tests -q -rfE -n auto --maxprocesses 4 --junitxml="$REPORTS/library.xml"
 # The chapters run twice: here without the saved results, as on Colab, and in the book build with
 # them (-W: an error in any cell fails the build). The exercise solutions run here.
 step "exercise solutions (nbval)" \
