@@ -8,6 +8,8 @@ the tampering checks use (wrong values of the right shape, what a broken compari
 through). The tests add two generic variants to every part themselves (an exception and an
 endless loop), so they are not listed here.
 """
+import math
+
 import torch
 
 TAMPER_BASE = "off_by_one"
@@ -191,6 +193,50 @@ def mask_float(seg_len, mem_len, window=None):
     return _mask(seg_len, mem_len, window, as_float=True)                # 0/1 floats, not booleans
 
 
+# ----------------------------------------------------------------------------- q6a: knn_memory_attention
+def _knn_attention(q, k, v, mem_k, mem_v, topk, gate_logit, *, gate_swapped=False, largest=True, l2=False,
+                   every_entry=False, causal=True, sigmoid=True):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    length = q.shape[-2]
+    scores = q @ k.transpose(-1, -2) * scale
+    if causal:
+        scores = scores.masked_fill(~torch.ones(length, length, dtype=torch.bool).tril(), float("-inf"))
+    local = torch.softmax(scores, dim=-1) @ v
+    mem_scores = q @ mem_k.transpose(-1, -2)
+    rank = -torch.cdist(q, mem_k) if l2 else mem_scores
+    _, idx = rank.topk(mem_k.shape[-2] if every_entry else topk, dim=-1, largest=largest)
+    weights = torch.softmax(mem_scores.gather(-1, idx) * scale, dim=-1)
+    picked = mem_v.unsqueeze(-3).expand(*idx.shape[:-1], *mem_v.shape[-2:])
+    picked = picked.gather(-2, idx.unsqueeze(-1).expand(*idx.shape, mem_v.shape[-1]))
+    from_memory = (weights.unsqueeze(-2) @ picked).squeeze(-2)
+    g = (torch.sigmoid(gate_logit) if sigmoid else gate_logit)[:, None, None]
+    return (g * local + (1 - g) * from_memory) if gate_swapped else (g * from_memory + (1 - g) * local)
+
+
+def knn_gate_swapped(q, k, v, mem_k, mem_v, topk, gate_logit):
+    return _knn_attention(q, k, v, mem_k, mem_v, topk, gate_logit, gate_swapped=True)   # g weighs the local part
+
+
+def knn_smallest(q, k, v, mem_k, mem_v, topk, gate_logit):
+    return _knn_attention(q, k, v, mem_k, mem_v, topk, gate_logit, largest=False)     # the worst matches
+
+
+def knn_by_l2(q, k, v, mem_k, mem_v, topk, gate_logit):
+    return _knn_attention(q, k, v, mem_k, mem_v, topk, gate_logit, l2=True)           # nearest in L2, not by q . m
+
+
+def knn_every_entry(q, k, v, mem_k, mem_v, topk, gate_logit):
+    return _knn_attention(q, k, v, mem_k, mem_v, topk, gate_logit, every_entry=True)  # ignores topk
+
+
+def knn_local_not_causal(q, k, v, mem_k, mem_v, topk, gate_logit):
+    return _knn_attention(q, k, v, mem_k, mem_v, topk, gate_logit, causal=False)      # sees later tokens
+
+
+def knn_gate_without_sigmoid(q, k, v, mem_k, mem_v, topk, gate_logit):
+    return _knn_attention(q, k, v, mem_k, mem_v, topk, gate_logit, sigmoid=False)     # the logit as the gate
+
+
 WRONG_ANSWERS = {
     "q1a": {
         "wrong_shape": ({"xl_memory_update": xl_one_row_too_many}, "shape"),
@@ -231,5 +277,13 @@ WRONG_ANSWERS = {
         "window_too_wide": ({"xl_mask": mask_window_too_wide}, "got True, expected False"),
         "inverted": ({"xl_mask": mask_inverted}, "entries differ"),
         "float_mask": ({"xl_mask": mask_float}, "dtype"),
+    },
+    "q6a": {
+        "off_by_one": ({"knn_memory_attention": knn_gate_swapped}, "max abs error"),
+        "smallest": ({"knn_memory_attention": knn_smallest}, "max abs error"),
+        "by_l2": ({"knn_memory_attention": knn_by_l2}, "max abs error"),
+        "every_entry": ({"knn_memory_attention": knn_every_entry}, "max abs error"),
+        "not_causal": ({"knn_memory_attention": knn_local_not_causal}, "max abs error"),
+        "no_sigmoid": ({"knn_memory_attention": knn_gate_without_sigmoid}, "max abs error"),
     },
 }

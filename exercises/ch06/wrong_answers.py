@@ -180,6 +180,41 @@ def exit_one_based(conf, threshold):
     return above.to(torch.uint8).argmax(-1) + 1
 
 
+# ----------------------------------------------------------------------------- q5a: universal_encoder
+def _universal(x, layer, n_steps, *, first_step=1, step_signal=True, every_step=True, tied=True, extra=0):
+    import copy
+
+    from xfam_lib.positional import sinusoidal_encoding
+
+    length, d = x.shape[1], x.shape[2]
+    positions = sinusoidal_encoding(length, d, dtype=x.dtype)
+    steps = sinusoidal_encoding(n_steps + 2, d, dtype=x.dtype)
+    for n, t in enumerate(range(first_step, first_step + n_steps + extra)):
+        signal = positions + (steps[t] if step_signal else 0.0)
+        x = (layer if tied else copy.deepcopy(layer))(x + signal if every_step or n == 0 else x)
+    return x
+
+
+def ut_steps_from_zero(x, layer, n_steps):
+    return _universal(x, layer, n_steps, first_step=0)             # adds PE(0) .. PE(T - 1)
+
+
+def ut_positions_only(x, layer, n_steps):
+    return _universal(x, layer, n_steps, step_signal=False)        # no timestep signal
+
+
+def ut_signal_once(x, layer, n_steps):
+    return _universal(x, layer, n_steps, every_step=False)         # adds the coordinates before step 1 only
+
+
+def ut_copy_per_step(x, layer, n_steps):
+    return _universal(x, layer, n_steps, tied=False)               # right outputs, but the layer is not shared
+
+
+def ut_one_step_too_many(x, layer, n_steps):
+    return _universal(x, layer, n_steps, extra=1)                  # T + 1 applications
+
+
 TAMPER_BASE = "off_by_one"
 
 WRONG_ANSWERS = {
@@ -220,5 +255,12 @@ WRONG_ANSWERS = {
         "off_by_one": ({"exit_index": exit_one_based}, "expected"),
         "tie_exits": ({"exit_index": exit_at_or_above}, "expected"),
         "none_is_first": ({"exit_index": exit_none_is_first}, "expected"),
+    },
+    "q5a": {
+        "off_by_one": ({"universal_encoder": ut_steps_from_zero}, "max abs error"),
+        "positions_only": ({"universal_encoder": ut_positions_only}, "max abs error"),
+        "signal_once": ({"universal_encoder": ut_signal_once}, "max abs error"),
+        "untied": ({"universal_encoder": ut_copy_per_step}, "grad"),
+        "extra_step": ({"universal_encoder": ut_one_step_too_many}, "max abs error"),
     },
 }

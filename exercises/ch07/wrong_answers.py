@@ -236,6 +236,50 @@ def blockwise_dense(q, k, v, n_blocks, perm=None):
     return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
 
 
+# ----------------------------------------------------------------------------- q6a: dca_positions
+def _dca(L, pretrain_len, chunk, local_window, *, window_le=False, inter_true=False, last_window=False,
+         by_distance=False, fill=-1, dtype=torch.int64):
+    pos = torch.arange(L)
+    inner, block = pos % chunk, pos // chunk
+    gap = block[:, None] - block[None, :]
+    if by_distance:                                                # "previous chunk" = within chunk tokens back
+        dist = pos[:, None] - pos[None, :]
+        gap = torch.where(gap == 0, 0, torch.where(dist < chunk, 1, 2))
+    near = inner >= chunk - local_window if last_window else (
+        inner <= local_window if window_le else inner < local_window)
+    successive = torch.where(near, chunk + inner, pretrain_len - 1)
+    query = torch.where(gap == 0, inner[:, None], torch.where(gap == 1, successive[:, None], pretrain_len - 1))
+    rel = query - inner[None, :]
+    if inter_true:
+        rel = torch.where(gap > 1, pos[:, None] - pos[None, :], rel)
+    return torch.where(pos[:, None] >= pos[None, :], rel, fill).to(dtype)
+
+
+def dca_window_inclusive(L, pretrain_len, chunk, local_window):
+    return _dca(L, pretrain_len, chunk, local_window, window_le=True)      # local_window + 1 queries keep it
+
+
+def dca_inter_true_distance(L, pretrain_len, chunk, local_window):
+    return _dca(L, pretrain_len, chunk, local_window, inter_true=True)     # no re-mapping for older chunks
+
+
+def dca_last_queries_window(L, pretrain_len, chunk, local_window):
+    return _dca(L, pretrain_len, chunk, local_window, last_window=True)    # the last w queries, not the first
+
+
+def dca_previous_by_distance(L, pretrain_len, chunk, local_window):
+    return _dca(L, pretrain_len, chunk, local_window, by_distance=True)    # "previous chunk" by distance
+
+
+def dca_zero_above(L, pretrain_len, chunk, local_window):
+    return _dca(L, pretrain_len, chunk, local_window, fill=0)              # 0, not -1, where j > i
+
+
+def dca_int32(L, pretrain_len, chunk, local_window):
+    return _dca(L, pretrain_len, chunk, local_window, dtype=torch.int32)
+
+
+
 WRONG_ANSWERS = {
     "q1a": {
         "off_by_one": ({"strided_pattern": strided_local_one_too_wide}, "differ"),
@@ -284,5 +328,13 @@ WRONG_ANSWERS = {
         "vague_error": ({"blockwise": blockwise_vague_error}, "message names n_blocks"),
         "no_error": ({"blockwise": blockwise_no_error}, "expected 'ValueError'"),
         "dense": ({"blockwise": blockwise_dense}, "memory budget"),
+    },
+    "q6a": {
+        "off_by_one": ({"dca_positions": dca_window_inclusive}, "entries differ"),
+        "inter_true_distance": ({"dca_positions": dca_inter_true_distance}, "entries differ"),
+        "last_queries": ({"dca_positions": dca_last_queries_window}, "entries differ"),
+        "previous_by_distance": ({"dca_positions": dca_previous_by_distance}, "entries differ"),
+        "zero_above": ({"dca_positions": dca_zero_above}, "entries differ"),
+        "int32": ({"dca_positions": dca_int32}, "dtype"),
     },
 }
