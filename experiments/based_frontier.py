@@ -4,11 +4,12 @@ Based's state is the Taylor-2 linear attention's ``H (D d_h + D)`` values, ``D =
 dimension ``f``, plus its sliding window's ``2 (window + 1) d``. This script turns the two dials of the
 arena's ``based`` family one at a time around the default (``feature_dim`` 4, ``window`` 8), at the arena
 sweep's largest number of pairs, budget and recipe (read from its saved config), re-matching the width to
-the budget at every setting (`width_for_budget`) so that only the state changes. Results go to
+the budget at every setting (`width_for_budget`) so that only the state changes. The seeds, steps, batch,
+budget and learning rate are the sweep's (`common.arena_recipe`). Results go to
 ``experiments/results/based_frontier.json``; chapter 11 plots them over Figure 11.2b's frontier.
 
-Usage: ``python experiments/based_frontier.py`` (about 2 minutes on one quiet CPU core; ``--quick``: 30
-steps). One seed: on a shared machine each run took minutes.
+Usage: ``python experiments/based_frontier.py`` (about 8 minutes on one quiet CPU core; ``--quick``: one
+seed, 30 steps).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from xfam_lib.arena import TASKS, train_arena, width_for_budget
 from common import RESULTS, arena_recipe, parser, quick, recipe_from, save_result   # experiments/common.py
 
 OUT = RESULTS / "based_frontier.json"
-DEFAULTS = {"pairs": 16, "seeds": [0], "steps": 300, "batch": 32, "budget": 20_000, "lr": 3e-3}
+DEFAULTS = {"pairs": 16, "seeds": [0, 1, 2], "steps": 300, "batch": 32, "budget": 20_000, "lr": 3e-3}
 BASE = {"feature_dim": 4, "window": 8}
 DIALS = {"feature_dim": [1, 2, 4], "window": [2, 4, 8, 16]}
 
