@@ -19,9 +19,20 @@ measures it alone, with the saved runs' task, sizes and budget, and merges it in
 keeping its runs.
 
 One process:  ``python benchmarks/arena_sweep.py [--families softmax mamba] [--sizes 4 8 16] [--seeds 0 1 2]``
-Data-parallel: ``torchrun --standalone --nproc_per_node=N benchmarks/arena_sweep.py ...`` (gloo on CPUs,
-NCCL on GPUs). ``--batch`` is the global batch; each rank trains on its slice, so the loss curves equal
-the one-process run's (tests/test_11_arena.py checks this with 2 processes).
+Data-parallel: ``torchrun --standalone --nproc_per_node=N benchmarks/arena_sweep.py ...`` (one machine;
+gloo on CPUs, NCCL on GPUs). ``--batch`` is the global batch; each rank trains on its slice, so the loss
+curves equal the one-process run's (tests/test_11_arena.py checks this with 2 processes).
+
+Zoology's protocol: ``python benchmarks/arena_sweep.py --protocol [--procs N]`` writes
+``benchmarks/results/arena_protocol.json``. Every family is trained at every learning rate of a sweep;
+the best run per (family, setting) is the reported one and every run is saved. Three axes: the number of
+pairs at one fixed width (so the state does not change along it), the width at one number of pairs
+(Zoology's Figure 2), and the learning rate over three seeds at one (pairs, width) point. A fourth arm trains
+GLA with its gates started near 1 (``gate_bias``) and measures, for every GLA run, how much of a stored
+pair's contribution the gates keep from the value to its query. The runs are independent, so whole runs
+are spread over ``--procs`` worker processes (`torch.multiprocessing`, no gradient traffic); ``--speedup``
+first times a few short runs with one process and with ``--procs``. The sizes follow `utils.size_preset`
+(``XFAM_SIZE_SCALE``): the CPU preset is small (``PRESETS["cpu"]``), a scale above 1 takes ``PRESETS["gpu"]``.
 """
 from __future__ import annotations
 
@@ -39,9 +50,19 @@ from tqdm import tqdm
 
 from common import interleaved_times, paired_ratio
 from xfam_lib.arena import FAMILIES, TASKS, ArenaLM, train_arena, width_for_budget
-from xfam_lib.tasks import N_SPECIAL
+from xfam_lib.tasks import N_SPECIAL, PAD, mqar
+from xfam_lib.utils import size_preset
 
 OUT = Path(__file__).resolve().parent / "results" / "arena.json"
+PROTOCOL_OUT = OUT.with_name("arena_protocol.json")
+# Zoology's protocol, sized per preset: pairs axis at width d_fixed, width axis at pairs_fixed, the learning-rate
+# curve over seeds at (pairs_fixed, d_fixed); GLA's gate arm starts its gates near 1 (bias gate_bias)
+PRESETS = {
+    "cpu": {"pairs": [4, 8, 16], "d_fixed": 32, "widths": [16, 32, 64], "pairs_fixed": 4, "steps": 100,
+            "lrs": [1e-3, 3e-3, 1e-2], "seeds": [0, 1, 2], "batch": 16, "gate_bias": 4.0},
+    "gpu": {"pairs": [8, 16, 32, 64], "d_fixed": 64, "widths": [32, 64, 128, 256], "pairs_fixed": 32,
+            "steps": 2000, "lrs": [3e-4, 1e-3, 3e-3, 1e-2], "seeds": [0, 1, 2], "batch": 64, "gate_bias": 4.0},
+}
 TARGET_MINUTES = 20.0                   # issue 13: the full sweep within 20 minutes on a 2-core CPU
 
 
@@ -106,6 +127,179 @@ def checks(result: dict) -> list[dict]:
     return out
 
 
+def protocol_grid(cfg: dict, families) -> list[dict]:
+    """Every run of the protocol once: ``{"family", "pairs", "d_model", "lr", "seed", "gate_bias"}``.
+
+    The pairs axis (width ``d_fixed``) and the width axis (``pairs_fixed`` pairs) at the first seed, the
+    learning-rate curve at (``pairs_fixed``, ``d_fixed``) for every seed, GLA with ``gate_bias`` on the
+    pairs axis; a run shared by two axes is trained once.
+    """
+    seed0, specs = cfg["seeds"][0], []
+    for lr in cfg["lrs"]:               # axis by axis, every family in each: a cut-short sweep covers them all
+        specs += [(f, p, cfg["d_fixed"], lr, seed0, 0.0) for p in cfg["pairs"] for f in families]
+    if "gla" in families:
+        specs += [("gla", p, cfg["d_fixed"], lr, seed0, cfg["gate_bias"]) for lr in cfg["lrs"] for p in cfg["pairs"]]
+    for lr in cfg["lrs"]:
+        specs += [(f, cfg["pairs_fixed"], cfg["d_fixed"], lr, s, 0.0) for s in cfg["seeds"] for f in families]
+    for lr in cfg["lrs"]:
+        specs += [(f, cfg["pairs_fixed"], d, lr, seed0, 0.0) for d in cfg["widths"] for f in families]
+    keys = ("family", "pairs", "d_model", "lr", "seed", "gate_bias")
+    return [dict(zip(keys, spec)) for spec in dict.fromkeys(specs)]
+
+
+def gla_retention(model: ArenaLM, pairs: int, seed: int) -> dict:
+    """How much of a stored pair GLA's gates keep until its query, on fresh MQAR sequences.
+
+    Per layer: the mean gate ``exp(log_g)`` over tokens and channels, and the mean over queries and channels
+    of ``exp(sum of log_g from the value's position to the query's)``, the factor by which the gates scale
+    the pair's term ``k v^T`` in the state before the query reads it.
+    """
+    ids, targets = mqar(64, pairs, 4 * pairs + 2, generator=torch.Generator().manual_seed(20_000 + seed))
+    logs = []
+    hooks = [m.gate.register_forward_hook(lambda mod, inp, out: logs.append(F.logsigmoid(out) / 16))
+             for m in model.mixers]
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    rows, q_pos = (targets != PAD).nonzero(as_tuple=True)
+    keys = ids[:, : 2 * pairs : 2]
+    v_pos = 2 * (keys[rows] == ids[rows, q_pos][:, None]).long().argmax(-1) + 1
+    out = {"mean_gate": [], "kept_to_query": []}
+    for log_g in logs:                                         # (B, L, d)
+        cum = log_g.cumsum(1)
+        kept = (cum[rows, q_pos] - cum[rows, v_pos]).exp()      # decay over (value, query]
+        out["mean_gate"].append(log_g.exp().mean().item())
+        out["kept_to_query"].append(kept.mean().item())
+    return out
+
+
+def protocol_run(spec: dict, cfg: dict) -> dict:
+    """Train one protocol run (MQAR at ``spec``'s pairs, width, learning rate and seed) and return its record."""
+    start = time.perf_counter()
+    kwargs = {"gate_bias": spec["gate_bias"]} if spec["family"] == "gla" else {}
+    r = train_arena(spec["family"], "mqar", spec["pairs"], d_model=spec["d_model"], steps=cfg["steps"],
+                    batch=cfg["batch"], lr=spec["lr"], seed=spec["seed"], return_model=True, **kwargs)
+    record = {**spec, **{k: r[k] for k in ("accuracy", "params", "state_bytes", "seq_len")},
+              "loss_first": r["losses"][0], "loss_last": r["losses"][-1]}
+    if spec["family"] == "gla":
+        torch.manual_seed(spec["seed"])                        # train_arena's initial model, rebuilt
+        init = ArenaLM("gla", r["model"].head.out_features, spec["d_model"], max_len=r["seq_len"],
+                       seed=spec["seed"], **kwargs)
+        record["gate_init"] = gla_retention(init, spec["pairs"], spec["seed"])
+        record["gate_trained"] = gla_retention(r["model"], spec["pairs"], spec["seed"])
+    record["wall_s"] = round(time.perf_counter() - start, 2)
+    return record
+
+
+def _worker_init(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _ready(_) -> bool:
+    return True
+
+
+def run_protocol(specs: list[dict], cfg: dict, procs: int, threads: int, on_result=None) -> tuple[list[dict], float]:
+    """Every spec's record, in order, and the seconds spent starting the workers; whole runs are spread
+    over ``procs`` spawned processes (1: in this one, no start-up)."""
+    if procs == 1:
+        _worker_init(threads)
+        out = []
+        for spec in specs:
+            out.append(protocol_run(spec, cfg))
+            if on_result:
+                on_result(out[-1])
+        return out, 0.0
+    import functools
+    import torch.multiprocessing as mp
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(procs, initializer=_worker_init, initargs=(threads,)) as pool:
+        pool.map(_ready, range(procs))                  # every worker started and has imported torch
+        startup = time.perf_counter() - t0
+        out = []
+        for rec in pool.imap(functools.partial(protocol_run, cfg=cfg), specs):
+            out.append(rec)
+            if on_result:
+                on_result(rec)
+    return out, startup
+
+
+def best_runs(runs: list[dict], axis_keys=("family", "pairs", "d_model", "seed", "gate_bias")) -> list[dict]:
+    """The best run over learning rates for every (family, pairs, width, seed, gate bias): highest accuracy,
+    ties broken by the lower final loss."""
+    best = {}
+    for r in runs:
+        key = tuple(r[k] for k in axis_keys)
+        if key not in best or (r["accuracy"], -r["loss_last"]) > (best[key]["accuracy"], -best[key]["loss_last"]):
+            best[key] = r
+    return list(best.values())
+
+
+def protocol_main(args) -> None:
+    """``--protocol``: the whole grid, saved after every run; ``--speedup`` measures 1 against ``--procs``."""
+    preset = size_preset(args.device)
+    cfg = dict(PRESETS["cpu" if preset.scale == 1 else "gpu"])
+    for k in ("steps", "lrs", "seeds"):
+        if getattr(args, f"protocol_{k}") is not None:
+            cfg[k] = getattr(args, f"protocol_{k}")
+    families = args.families
+    specs = protocol_grid(cfg, families)
+    result = {"name": "arena_protocol", "task": "mqar", "preset": preset.name, "scale": preset.scale,
+              "config": cfg, "families": list(families), "procs": args.procs, "threads_per_proc": args.threads or 1,
+              "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
+              "torch": torch.__version__, "n_runs": len(specs)}
+    if args.resume and args.out.exists() and "speedup" in json.loads(args.out.read_text()):
+        result["speedup"] = json.loads(args.out.read_text())["speedup"]   # measured when the sweep began
+    elif args.speedup:               # distinct seeds: the probe's runs are not the grid's
+        probe = [dict(s, seed=100 + i) for i, s in enumerate(
+            [s for s in specs if s["pairs"] == cfg["pairs_fixed"] and s["d_model"] == cfg["d_fixed"]
+             and s["gate_bias"] == 0.0][: 2 * args.procs])]
+        short = {**cfg, "steps": max(1, cfg["steps"] // 2)}
+        wall, startup = {}, {}
+        for n in (1, args.procs):
+            t0 = time.perf_counter()
+            _, startup[n] = run_protocol(probe, short, n, args.threads or 1)
+            wall[n] = time.perf_counter() - t0
+        result["speedup"] = {"runs": len(probe), "steps": short["steps"], "procs": args.procs,
+                             "wall_s": {str(n): round(t, 2) for n, t in wall.items()},
+                             "startup_s": round(startup[args.procs], 2),
+                             "speedup": round(wall[1] / wall[args.procs], 2),
+                             "speedup_after_startup": round(wall[1] / (wall[args.procs] - startup[args.procs]), 2)}
+        print(f"speed-up with {args.procs} processes over one: {result['speedup']}", flush=True)
+    start, runs = time.perf_counter(), []
+    if args.resume and args.out.exists():          # keep the finished runs of the same grid, train the rest
+        saved = json.loads(args.out.read_text())
+        same_training = all(saved.get("config", {}).get(k) == cfg[k] for k in ("steps", "batch"))
+        if same_training:           # a run is its spec plus the training recipe: keep those the grid still has
+            wanted = {tuple(s.values()) for s in specs}
+            runs = [r for r in saved["runs"] if tuple(r[k] for k in specs[0]) in wanted]
+            done = {tuple(r[k] for k in specs[0]) for r in runs}
+            specs_left = [s for s in specs if tuple(s.values()) not in done]
+            result["resumed_runs"] = len(runs)
+            result["resumed_wall_time_s"] = saved.get("wall_time_s", 0.0) + saved.get("resumed_wall_time_s", 0.0)
+            print(f"resuming: {len(runs)} runs kept, {len(specs_left)} to train", flush=True)
+        else:
+            specs_left = specs
+    else:
+        specs_left = specs
+
+    def save(rec=None) -> None:
+        if rec is not None:
+            runs.append(rec)
+            print(f"{len(runs)}/{len(specs)} {rec['family']:15s} pairs {rec['pairs']:3d} d {rec['d_model']:3d} "
+                  f"lr {rec['lr']:.0e} seed {rec['seed']} bias {rec['gate_bias']:g}: accuracy {rec['accuracy']:.3f} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+        result.update(runs=runs, best=best_runs(runs), complete=len(runs) == len(specs),
+                      wall_time_s=round(time.perf_counter() - start, 1))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+
+    run_protocol(specs_left, cfg, args.procs, args.threads or 1, on_result=save)
+    save()
+    print(f"wrote {args.out}: {len(runs)} runs in {result['wall_time_s']:.0f} s with {args.procs} process(es)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
@@ -126,7 +320,19 @@ def main() -> None:
                     help="measure the throughput only and merge it into --out, keeping its saved runs")
     ap.add_argument("--no-throughput", action="store_true", help="train the runs only")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per process (default: torch's own)")
+    ap.add_argument("--protocol", action="store_true", help="Zoology's protocol (see the module docstring)")
+    ap.add_argument("--procs", type=int, default=1, help="--protocol: worker processes, whole runs each")
+    ap.add_argument("--speedup", action="store_true", help="--protocol: first time 1 process against --procs")
+    ap.add_argument("--resume", action="store_true", help="--protocol: keep the runs already in --out")
+    ap.add_argument("--protocol-steps", type=int, default=None, help="--protocol: override the preset's steps")
+    ap.add_argument("--protocol-lrs", type=float, nargs="+", default=None, help="--protocol: learning rates")
+    ap.add_argument("--protocol-seeds", type=int, nargs="+", default=None, help="--protocol: seeds")
     args = ap.parse_args()
+    if args.protocol:
+        if args.out == OUT:
+            args.out = PROTOCOL_OUT
+        protocol_main(args)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
 

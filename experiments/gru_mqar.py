@@ -1,6 +1,6 @@
 """A GRU baseline on MQAR at the arena's parameter budget (M11.5, F11.1).
 
-`benchmarks/arena_sweep.py` trains the seven families of `xfam_lib.arena.FAMILIES`; this script trains
+`benchmarks/arena_sweep.py` trains the families of `xfam_lib.arena.FAMILIES`; this script trains
 the arena's GRU baseline (`ArenaLM("gru", ...)`: the same embedding, token shift, MLPs and read-out, with
 `torch.nn.GRU` as the mixer) with exactly the sweep's recipe — the same budget, numbers of pairs, seeds,
 steps, batch and learning rate, read from the sweep's saved config — so chapter 11 can draw it in

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from xfam_lib.arena import (BASELINES, FAMILIES, ArenaLM, count_params, decode_state_bytes, init_decode_state, mixer_step,
-                            train_arena, width_for_budget)
+from xfam_lib.arena import (BASELINES, FAMILIES, TASKS, ArenaLM, check_equal_answer_counts, count_params,
+                            decode_state_bytes, init_decode_state, mixer_step, train_arena, width_for_budget)
 from xfam_lib.linear import gated_linear_attention
 from xfam_lib.tasks import PAD, mqar
 
@@ -74,16 +75,12 @@ def test_mixer_step_reproduces_the_full_sequence_M11_7(family):
     assert err < 1e-10, err
     if family == "softmax":
         assert state[1] == L
-        numel = 2 * state[0].k[:, :, :L].numel()
-    elif family == "sliding_window":
-        assert state[0].shape[-2] == model.window + 1
-        numel = sum(t.numel() for t in state)
-    elif family == "s4d":
-        numel = 2 * state.numel()                           # complex: two reals each
-    elif family == "mamba":
-        numel = sum(t.numel() for t in state)
+        tensors = [state[0].k[:, :, :L], state[0].v[:, :, :L]]
     else:
-        numel = state.numel()
+        tensors = list(state) if isinstance(state, tuple) else [state]
+    if family in ("sliding_window", "based"):               # the window's keys and values stop growing
+        assert state[-1].shape[-2] == model.window + 1
+    numel = sum(t.numel() * (2 if t.is_complex() else 1) for t in tensors)   # complex: two reals each
     per_sequence = numel // 2                               # batch 2
     assert decode_state_bytes(model, L) == (2 * per_sequence + 16) * 4   # 2 layers, plus the token shift's vector
 
@@ -203,3 +200,94 @@ def test_copy_tasks_are_seeded_and_exact_M11_1():
     assert int(src.min()) >= N_SPECIAL and int(src.max()) < 10
     rsrc, rtgt = reverse_task(4, 12, 10, generator=torch.Generator().manual_seed(3))
     assert torch.equal(rtgt.flip(-1), rsrc)
+
+
+def test_ddp_gradient_equals_one_process_only_with_equal_answer_counts_M11_7():
+    """DDP averages the ranks' gradients of their slices' mean losses: with the same number of answer positions in
+    every slice (every task's sequences have a fixed number) that is the whole batch's gradient; with unequal
+    counts it is not, and `check_equal_answer_counts` refuses such a batch."""
+    for task, make in TASKS.items():                        # every sequence of every task: the same count
+        _, t = make(6, 4, 18, torch.Generator().manual_seed(0), "cpu")
+        check_equal_answer_counts(t, 6)
+    torch.manual_seed(0)
+    model = ArenaLM("softmax", 18, 16, 1, max_len=12).double()
+    ids, targets = mqar(8, 4, 18, generator=torch.Generator().manual_seed(1))
+
+    def grad(i, t):
+        model.zero_grad()
+        F.cross_entropy(model(i).flatten(0, 1), t.flatten(), ignore_index=PAD).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    two_ranks = lambda t: (grad(ids[:4], t[:4]) + grad(ids[4:], t[4:])) / 2
+    assert torch.allclose(two_ranks(targets), grad(ids, targets), rtol=0, atol=1e-12)
+    uneven = targets.clone()
+    uneven[:4, -2:] = PAD                                   # the first rank's slice has fewer answers
+    assert not torch.allclose(two_ranks(uneven), grad(ids, uneven), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"same number of answer positions.*\[8, 16\]"):
+        check_equal_answer_counts(uneven, 2)
+
+
+def _arena_sweep_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import arena_sweep
+    finally:
+        sys.path.pop(0)
+    return arena_sweep
+
+
+def test_protocol_grid_holds_the_width_fixed_and_sweeps_every_learning_rate_M11_6():
+    """Zoology's protocol: every family at every learning rate; the pairs axis at one width, the width axis at one
+    number of pairs, the seeds at one point; no run twice; the best run per setting is the most accurate one."""
+    sweep = _arena_sweep_module()
+    cfg = sweep.PRESETS["cpu"]
+    specs = sweep.protocol_grid(cfg, ["softmax", "gla"])
+    keys = [tuple(s.values()) for s in specs]
+    assert len(keys) == len(set(keys))
+    for f in ("softmax", "gla"):
+        plain = [s for s in specs if s["family"] == f and s["gate_bias"] == 0.0]
+        assert {s["lr"] for s in plain} == set(cfg["lrs"]) and len(cfg["lrs"]) >= 3
+        assert {s["d_model"] for s in plain if s["pairs"] != cfg["pairs_fixed"]} == {cfg["d_fixed"]}
+        assert {s["pairs"] for s in plain if s["d_model"] != cfg["d_fixed"]} == {cfg["pairs_fixed"]}
+        assert {s["seed"] for s in plain} == set(cfg["seeds"])
+        assert {s["seed"] for s in plain if (s["pairs"], s["d_model"]) != (cfg["pairs_fixed"], cfg["d_fixed"])} \
+            == {cfg["seeds"][0]}
+    assert {s["gate_bias"] for s in specs if s["family"] == "gla"} == {0.0, cfg["gate_bias"]}
+    runs = [{"family": "gla", "pairs": 4, "d_model": 32, "seed": 0, "gate_bias": 0.0, "lr": lr, "accuracy": a,
+             "loss_last": l} for lr, a, l in ((1e-3, 0.5, 1.0), (3e-3, 0.7, 2.0), (1e-2, 0.7, 1.5))]
+    (best,) = sweep.best_runs(runs)
+    assert best["lr"] == 1e-2                               # tie on accuracy: the lower final loss
+
+
+def test_gla_retention_is_the_gate_product_from_value_to_query_M11_6():
+    """With the gate projection's weight 0, every gate is sigmoid(b)^(1/16); the measured share kept from a pair's
+    value to its query is that gate to the power of their distance, averaged over the queries."""
+    sweep = _arena_sweep_module()
+    model = ArenaLM("gla", 18, 16, 2, max_len=12)
+    for m in model.mixers:
+        torch.nn.init.zeros_(m.gate.weight)
+        torch.nn.init.constant_(m.gate.bias, 1.0)
+    g = torch.sigmoid(torch.tensor(1.0)).item() ** (1 / 16)
+    out = sweep.gla_retention(model, 4, 0)
+    ids, targets = mqar(64, 4, 18, generator=torch.Generator().manual_seed(20_000))
+    rows, q_pos = (targets != PAD).nonzero(as_tuple=True)
+    v_pos = torch.tensor([int((ids[r, :8:2] == ids[r, q]).nonzero()) * 2 + 1 for r, q in zip(rows, q_pos)])
+    expected = (g ** (q_pos - v_pos).double()).mean().item()
+    assert out["mean_gate"] == pytest.approx([g, g], rel=1e-6)
+    assert out["kept_to_query"] == pytest.approx([expected, expected], rel=1e-5)
+
+
+def test_based_features_give_the_taylor_kernel_of_exp_M11_6():
+    """Based's linear branch: phi(q).phi(k) = 1 + s + s^2 / 2 with s = q.k / sqrt(feature_dim), per head, the
+    second-order Taylor polynomial of exp(s); its state grows with the feature dimension as H (D d_h + D),
+    D = 1 + f + f^2."""
+    torch.manual_seed(0)
+    model = ArenaLM("based", 10, 16, 1, n_heads=2, feature_dim=3, window=2).double()
+    mixer = model.mixers[0]
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    fq, fk = mixer.features(x)
+    q, k = (t.view(2, 5, 2, 3).transpose(1, 2) for t in mixer.qk_features(x).chunk(2, dim=-1))
+    s = q @ k.transpose(-2, -1) / 3 ** 0.5
+    assert torch.allclose(fq @ fk.transpose(-2, -1), 1 + s + s ** 2 / 2, rtol=1e-12, atol=1e-12)
+    small, big = (decode_state_bytes(ArenaLM("based", 10, 16, 1, feature_dim=f, window=2), 50) for f in (2, 4))
+    assert big - small == 2 * ((1 + 4 + 16) - (1 + 2 + 4)) * (8 + 1) * 4

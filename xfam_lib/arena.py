@@ -13,6 +13,12 @@ from the mixer. Every mixer calls the library's own implementation:
 ``performer``       `linear.performer_attention`, FAVOR+ with ``n_features`` orthogonal features, causal
 ``s4d``             `ssm.S4DLayer` (time-invariant diagonal SSM)
 ``mamba``           `ssm.MambaBlock` (selective SSM)
+``h3``              `ssm.H3Layer` (chapter 9: a shift SSM on the keys, a diagonal SSM on ``k̄ v^T``;
+                    head dimension 1, as chapter 9's layer)
+``based``           Based (Arora et al. 2024): `linear.linear_attention` with `linear.taylor2_features` on
+                    ``feature_dim``-dimensional projections of q and k, plus a causal
+                    `sparse.sliding_window_attention` over ``window`` keys back, summed. Based alternates
+                    the two as separate layers; here both sit side by side in every mixer.
 ==================  ====================================================================
 
 `BASELINES` are mixers outside the family that the chapter compares against; they are not in `FAMILIES`
@@ -22,13 +28,15 @@ one ``d``-vector per layer.
 `init_decode_state` and `mixer_step` decode one token at a time through one mixer of an `ArenaLM`, each
 family in its step form: a KV cache (softmax), a cache of the last ``window + 1`` keys (sliding window),
 the library's recurrent `gated_linear_attention` (GLA; and, with gate 1 and a column of ones for the
-normaliser, linear attention and the Performer on their features), S4D's diagonal recurrence and
-`MambaBlock.step`.
+normaliser, linear attention and the Performer on their features), S4D's diagonal recurrence,
+`MambaBlock.step`, H3's window of past keys and diagonal recurrence, and Based's linear-attention state
+with its window's cache.
 
 `train_arena` trains one model on a recall task and runs data-parallel under ``torchrun`` unchanged:
 when ``torch.distributed`` is initialised, every rank draws the same global batch, takes its own
 slice and DDP averages the gradients, so the loss curve equals the one-process run with the same
-global batch.
+global batch. That holds because every slice has the same number of answer positions (each rank's
+loss is a mean over its own answers); `check_equal_answer_counts` checks it at every step.
 """
 from __future__ import annotations
 
@@ -41,31 +49,34 @@ from torch import nn
 
 from .attention import KVCache, scaled_dot_product_attention
 from .linear import (_gla_recurrent, _performer_features, elu_feature_map, gated_linear_attention, linear_attention,
-                     performer_attention, positive_random_features)
+                     performer_attention, positive_random_features, taylor2_features)
 from .sparse import sliding_window_attention
-from .ssm import MambaBlock, S4DLayer
+from .ssm import H3Layer, MambaBlock, S4DKernel, S4DLayer
 from .tasks import PAD, induction_heads, mqar, selective_copying
 from .utils import check_positive_int
 
 __all__ = ["FAMILIES", "BASELINES", "ArenaLM", "count_params", "decode_state_bytes", "init_decode_state", "mixer_step",
-           "width_for_budget", "TASKS", "train_arena"]
+           "width_for_budget", "TASKS", "train_arena", "check_equal_answer_counts"]
 
-FAMILIES = ("softmax", "sliding_window", "linear", "gla", "performer", "s4d", "mamba")
+FAMILIES = ("softmax", "sliding_window", "linear", "gla", "performer", "s4d", "mamba", "h3", "based")
 BASELINES = ("gru",)
-_ATTENTION_LIKE = ("softmax", "sliding_window", "linear", "gla", "performer")
+_ATTENTION_LIKE = ("softmax", "sliding_window", "linear", "gla", "performer", "based")   # learned positions
 _GLA_TEMPERATURE = 16.0          # the GLA paper's normaliser: log gates logsigmoid(x W) / 16
 
 
 class _AttentionMixer(nn.Module):
     """``(B, L, d) -> (B, L, d)``: project to heads, apply one attention-like family, project back."""
 
-    def __init__(self, family: str, d_model: int, n_heads: int, *, window: int, n_features: int, seed: int):
+    def __init__(self, family: str, d_model: int, n_heads: int, *, window: int, n_features: int, seed: int,
+                 gate_bias: float = 0.0):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model must be a multiple of n_heads, got d_model={d_model}, n_heads={n_heads}")
         self.family, self.n_heads, self.window, self.n_features, self.seed = family, n_heads, window, n_features, seed
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.gate = nn.Linear(d_model, d_model) if family == "gla" else None
+        if self.gate is not None:
+            nn.init.constant_(self.gate.bias, gate_bias)
         self.out = nn.Linear(d_model, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -86,6 +97,42 @@ class _AttentionMixer(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
 
+class _BasedMixer(nn.Module):
+    """``(B, L, d) -> (B, L, d)``: Based's two parts on the same input, summed, then projected back.
+
+    Taylor-2 linear attention (normalised, `linear.taylor2_features` of ``q, k`` projected to
+    ``feature_dim`` per head and scaled by ``feature_dim^(-1/4)``, so ``phi(q).phi(k) = 1 + s + s^2/2``
+    with ``s = q.k / sqrt(feature_dim)``) and causal softmax over the last ``window`` keys; both read
+    the same values.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, feature_dim: int, window: int):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model must be a multiple of n_heads, got d_model={d_model}, n_heads={n_heads}")
+        self.n_heads, self.feature_dim, self.window = n_heads, feature_dim, window
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.qk_features = nn.Linear(d_model, 2 * n_heads * feature_dim)
+        self.out = nn.Linear(d_model, d_model)
+
+    def features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Taylor-2 features of the linear branch's queries and keys, ``(B, H, L, 1 + f + f^2)`` each."""
+        B, L, _ = x.shape
+        qf, kf = (t.view(B, L, self.n_heads, self.feature_dim).transpose(1, 2)
+                  for t in self.qk_features(x).chunk(2, dim=-1))
+        root = self.feature_dim ** -0.25
+        return taylor2_features(qf * root), taylor2_features(kf * root)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        heads = lambda t: t.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2)
+        q, k, v = (heads(t) for t in self.qkv(x).chunk(3, dim=-1))
+        fq, fk = self.features(x)
+        y = linear_attention(fq, fk, v, feature_map="identity", causal=True, mode="chunk", chunk_size=32)
+        y = y + sliding_window_attention(q, k, v, self.window, causal=True)
+        return self.out(y.transpose(1, 2).reshape(B, L, D))
+
+
 class _GRUMixer(nn.Module):
     """``(B, L, d) -> (B, L, d)``: a one-layer `torch.nn.GRU` with hidden size ``d`` (M11.5)."""
 
@@ -100,28 +147,38 @@ class _GRUMixer(nn.Module):
 class ArenaLM(nn.Module):
     """A causal token model whose mixer is one of `FAMILIES` (or `BASELINES`): ``ids (B, L) -> logits (B, L, vocab)``.
 
-    ``window`` (sliding_window: keys up to ``window`` back), ``n_features`` (performer) and ``d_state``
-    (s4d, mamba) are the families' state knobs; the attention-like families use learned positions up to
-    ``max_len`` (the SSMs need none).
+    ``window`` (sliding_window and based: keys up to ``window`` back), ``n_features`` (performer),
+    ``d_state`` (s4d, mamba, h3) and ``feature_dim`` (based: the Taylor map's input size, ``1 + f + f^2``
+    features) are the families' state knobs; the attention-like families and Based use learned positions up
+    to ``max_len`` (the SSMs need none). ``gate_bias`` (gla) initialises the bias of the gate projection:
+    at 0 the log gates start near ``logsigmoid(0) / 16``, a gate of 0.958 per token; larger values start
+    the gates nearer 1.
     """
 
     def __init__(self, family: str, vocab: int, d_model: int = 32, n_layers: int = 2, *, n_heads: int = 2,
-                 d_state: int = 16, window: int = 8, n_features: int = 32, max_len: int = 512, seed: int = 0):
+                 d_state: int = 16, window: int = 8, n_features: int = 32, feature_dim: int = 4,
+                 gate_bias: float = 0.0, max_len: int = 512, seed: int = 0):
         super().__init__()
         if family not in FAMILIES + BASELINES:
             raise ValueError(f"family must be one of {FAMILIES + BASELINES}, got {family!r}")
         for name, val in (("vocab", vocab), ("d_model", d_model), ("n_layers", n_layers), ("n_heads", n_heads),
-                          ("d_state", d_state), ("window", window), ("n_features", n_features), ("max_len", max_len)):
+                          ("d_state", d_state), ("window", window), ("n_features", n_features), ("feature_dim", feature_dim),
+                          ("max_len", max_len)):
             check_positive_int(name, val)
         self.family, self.d_model, self.n_heads = family, d_model, n_heads
-        self.d_state, self.window, self.n_features = d_state, window, n_features
+        self.d_state, self.window, self.n_features, self.feature_dim = d_state, window, n_features, feature_dim
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Parameter(torch.randn(max_len, d_model) * 0.02) if family in _ATTENTION_LIKE else None
         self.shift = nn.Linear(2 * d_model, d_model)
-        if family in _ATTENTION_LIKE:
-            make = lambda i: _AttentionMixer(family, d_model, n_heads, window=window, n_features=n_features, seed=seed + i)
+        if family == "based":
+            make = lambda i: _BasedMixer(d_model, n_heads, feature_dim=feature_dim, window=window)
+        elif family in _ATTENTION_LIKE:
+            make = lambda i: _AttentionMixer(family, d_model, n_heads, window=window, n_features=n_features,
+                                             seed=seed + i, gate_bias=gate_bias)
         elif family == "s4d":
             make = lambda i: S4DLayer(d_model, d_state)
+        elif family == "h3":
+            make = lambda i: H3Layer(d_model, d_state)
         elif family == "gru":
             make = lambda i: _GRUMixer(d_model)
         else:
@@ -161,7 +218,10 @@ def decode_state_bytes(model: ArenaLM, context: int, *, bytes_per_value: int = 4
     ``H (d_h^2 + d_h)``; GLA: ``H d_h^2``; performer: ``H (m d_h + m)`` with ``m = n_features``; s4d: the
     complex diagonal state, ``d N`` complex numbers (``N/2`` conjugate pairs, 2 reals each); mamba: the
     SSM state ``E N`` plus the convolution's window of inputs, ``E d_conv`` (the reference
-    implementation's buffer, as `MambaBlock.init_state`; ``d_conv - 1`` would suffice); gru: the hidden
+    implementation's buffer, as `MambaBlock.init_state`; ``d_conv - 1`` would suffice); h3: the diagonal
+    SSM's ``N/2`` complex modes for every entry of each head's ``d_h x d_h`` state, ``d d_h N``, plus the
+    shift SSM's last ``N - 1`` keys, ``d (N - 1)``; based: the Taylor state ``S`` and ``z``,
+    ``H (D d_h + D)`` with ``D = 1 + f + f^2``, plus the window's ``2 min(L, window + 1) d``; gru: the hidden
     state, ``d``. Values (not the learned parameters); the token shift adds one ``d``-vector to every family.
     """
     L, d, H = check_positive_int("context", context), model.d_model, model.n_heads
@@ -175,6 +235,12 @@ def decode_state_bytes(model: ArenaLM, context: int, *, bytes_per_value: int = 4
         "s4d": d * model.d_state,
         "gru": d,
     }
+    if model.family == "h3":
+        dh_h3 = model.mixers[0].head_dim
+        per_layer["h3"] = d * dh_h3 * model.d_state + d * (model.d_state - 1)
+    if model.family == "based":
+        n_feat = 1 + model.feature_dim + model.feature_dim ** 2
+        per_layer["based"] = H * (n_feat * dh + n_feat) + 2 * min(L, model.window + 1) * d
     if model.family == "mamba":
         block = model.mixers[0]
         per_layer["mamba"] = block.d_inner * (block.d_state + block.d_conv)
@@ -187,17 +253,28 @@ def init_decode_state(mixer: nn.Module, batch: int, max_len: int, *, device=None
     softmax: ``(KVCache of max_len positions, 0 filled)``; sliding window: the cached keys and values,
     ``(B, H, 0, d_h)`` each, at most ``window + 1`` kept; linear and Performer: ``S (B, H, d_phi, d_h + 1)``
     (the last column is the normaliser ``z``); GLA: ``S (B, H, d_h, d_h)``; S4D: the complex diagonal state
-    ``(B, d, N/2)`` (complex64, or complex128 for float64); Mamba: `MambaBlock.init_state`; GRU: ``h (B, d)``. Sizes as
-    `decode_state_bytes` counts them.
+    ``(B, d, N/2)`` (complex64, or complex128 for float64); Mamba: `MambaBlock.init_state`; GRU: ``h (B, d)``;
+    H3: ``(the last N - 1 keys (B, H, d_h, N - 1), the complex diagonal state (B, H d_h d_h, N/2))``; Based:
+    ``(S (B, H, D, d_h + 1), the window's keys, values (B, H, 0, d_h))``. Sizes as `decode_state_bytes`
+    counts them.
     """
     batch, max_len = check_positive_int("batch", batch), check_positive_int("max_len", max_len)
     if isinstance(mixer, MambaBlock):
         return mixer.init_state(batch, device=device, dtype=dtype)
     if isinstance(mixer, _GRUMixer):
         return torch.zeros(batch, mixer.gru.hidden_size, device=device, dtype=dtype)
+    cplx = torch.complex128 if dtype == torch.float64 else torch.complex64
     if isinstance(mixer, S4DLayer):
-        cplx = torch.complex128 if dtype == torch.float64 else torch.complex64
         return torch.zeros(batch, mixer.d_model, mixer.ssm.A_im.shape[1], dtype=cplx, device=device)
+    if isinstance(mixer, H3Layer):
+        H, dh, N = mixer.shift_c.shape
+        return (torch.zeros(batch, H, dh, N - 1, device=device, dtype=dtype),
+                torch.zeros(batch, H * dh * dh, mixer.diag.A_im.shape[1], dtype=cplx, device=device))
+    if isinstance(mixer, _BasedMixer):
+        H, dh = mixer.n_heads, mixer.out.in_features // mixer.n_heads
+        n_feat = 1 + mixer.feature_dim + mixer.feature_dim ** 2
+        return (torch.zeros(batch, H, n_feat, dh + 1, device=device, dtype=dtype),
+                *(torch.zeros(batch, H, 0, dh, device=device, dtype=dtype) for _ in range(2)))
     if not isinstance(mixer, _AttentionMixer):
         raise TypeError(f"mixer must be one of an ArenaLM's mixers, got {type(mixer).__name__}")
     H, dh = mixer.n_heads, mixer.out.in_features // mixer.n_heads
@@ -219,6 +296,15 @@ def _linear_step(fq, fk, v, S, eps: float):
     return out[..., :-1] / (out[..., -1:] + eps), S
 
 
+def _diagonal_step(kernel: S4DKernel, u: torch.Tensor, h: torch.Tensor):
+    """One step of the `S4DKernel`'s channels: ``h = exp(dt A) h + u``, ``y = 2 Re <C dt phi1(dt A), h>``."""
+    log_dt, A, C = kernel.modes()
+    dtA = torch.exp(log_dt)[:, None] * A
+    C_bar = C * (torch.exp(dtA) - 1) / A                                         # C * B_bar (ZOH), B = 1
+    h = torch.exp(dtA) * h + u[..., None]
+    return (2 * (C_bar * h).sum(-1).real).to(u.dtype), h
+
+
 def mixer_step(mixer: nn.Module, x_t: torch.Tensor, state):
     """One token ``x_t (B, d)`` through one mixer of an `ArenaLM`: ``(y_t (B, d), new state)``.
 
@@ -231,14 +317,28 @@ def mixer_step(mixer: nn.Module, x_t: torch.Tensor, state):
     if isinstance(mixer, _GRUMixer):
         _, h = mixer.gru(x_t[:, None], state[None])
         return h[0], h[0]
-    if isinstance(mixer, S4DLayer):                     # h = exp(dt A) h + u;  y = 2 Re <C dt phi1(dt A), h> + D u
-        log_dt, A, C = mixer.ssm.modes()
-        dtA = torch.exp(log_dt)[:, None] * A
-        C_bar = C * (torch.exp(dtA) - 1) / A                                     # C * B_bar (ZOH), B = 1
-        state = torch.exp(dtA) * state + x_t[..., None]
-        y = (2 * (C_bar * state).sum(-1).real).to(x_t.dtype) + mixer.D * x_t
-        return F.glu(mixer.out(F.gelu(y)), dim=-1), state
+    if isinstance(mixer, S4DLayer):
+        y, state = _diagonal_step(mixer.ssm, x_t, state)
+        return F.glu(mixer.out(F.gelu(y + mixer.D * x_t)), dim=-1), state
     B, D = x_t.shape
+    if isinstance(mixer, H3Layer):                      # k_bar = sum_j c_j k_{t-j};  diagonal SSM on k_bar v^T
+        keys, h = state
+        H, dh, _ = mixer.shift_c.shape
+        q, k, v = mixer.qkv(x_t).view(B, 3, H, dh).unbind(1)
+        keys = torch.cat([keys, k[..., None]], dim=-1)                          # (B, H, d_h, N), newest last
+        k_bar = (keys * mixer.shift_c.flip(-1)).sum(-1)
+        kv = k_bar[..., :, None] * v[..., None, :]                              # (B, H, d_h, d_h)
+        y, h = _diagonal_step(mixer.diag, kv.reshape(B, -1), h)
+        o = torch.einsum("bhi,bhij->bhj", q, y.view(B, H, dh, dh) + mixer.D * kv)
+        return mixer.out(o.reshape(B, D)), (keys[..., 1:], h)
+    if isinstance(mixer, _BasedMixer):
+        S, K, V = state
+        q, k, v = (t.view(B, mixer.n_heads, 1, D // mixer.n_heads) for t in mixer.qkv(x_t).chunk(3, dim=-1))
+        fq, fk = mixer.features(x_t[:, None])
+        y, S = _linear_step(fq, fk, v, S, 1e-6)
+        K, V = (torch.cat([c, n], dim=-2)[..., -(mixer.window + 1):, :] for c, n in zip((K, V), (k, v)))
+        y = y + scaled_dot_product_attention(q, K, V)
+        return mixer.out(y.reshape(B, D)), (S, K, V)
     q, k, v = (t.view(B, mixer.n_heads, 1, D // mixer.n_heads) for t in mixer.qkv(x_t).chunk(3, dim=-1))
     if mixer.family == "softmax":
         cache, pos = state
@@ -285,6 +385,19 @@ TASKS: dict[str, Callable] = {
 }
 
 
+def check_equal_answer_counts(targets: torch.Tensor, world: int) -> None:
+    """Raise unless each of the ``world`` equal slices of the batch has the same number of answer positions.
+
+    DDP averages the ranks' gradients, each the gradient of its slice's mean loss over its own answer
+    positions; that average equals the gradient of the mean over the whole batch only when every slice
+    holds the same number of answers (tests/test_11_arena.py).
+    """
+    counts = (targets != PAD).reshape(world, -1).sum(-1)
+    if not bool((counts == counts[0]).all()):
+        raise ValueError(f"data-parallel training needs the same number of answer positions on every rank; the "
+                         f"{world} slices of targets {tuple(targets.shape)} have {counts.tolist()}")
+
+
 def _rank_and_world() -> tuple[int, int]:
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
@@ -326,6 +439,8 @@ def train_arena(family: str, task: str = "mqar", size: int = 8, *, vocab: int | 
     losses = []
     for _ in range(check_positive_int("steps", steps)):
         ids, targets = TASKS[task](batch, size, vocab, gen, device)            # the same global batch on every rank
+        if world > 1:
+            check_equal_answer_counts(targets, world)
         ids, targets = ids[rank * local:(rank + 1) * local], targets[rank * local:(rank + 1) * local]
         logits = trained(ids)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=PAD)

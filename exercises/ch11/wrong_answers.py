@@ -286,6 +286,105 @@ def exponent_off_by_one(lengths, times):
     return p + 1.0, math.exp(a)
 
 
+# ----------------------------------------------------------------------------- q5a: delayed_copy
+def _delayed(batch, length, delay, vocab, generator, *, shift=0, low=2, head="pad", markers="bos", rng="generator",
+             check=True, rows="random"):
+    if check and (delay < 1 or length < 1 or vocab < 3):
+        raise ValueError("bad arguments")
+    gen = generator if rng == "generator" else None
+    n_rows = 1 if rows == "same" else batch
+    data = torch.randint(low, vocab, (n_rows, length), generator=gen).expand(batch, length).clone()
+    fill = torch.full((batch, delay), 1 if markers == "bos" else 0)
+    inputs = torch.cat([data, fill], dim=1)
+    targets = inputs.roll(delay - shift, dims=1)                     # shift 0: the input delay positions back
+    if head == "pad":
+        targets[:, :delay - shift] = 0
+    return inputs, targets
+
+
+def copy_one_early(batch, length, delay, vocab, generator):
+    return _delayed(batch, length, delay, vocab, generator, shift=1)       # the input delay - 1 back
+
+
+def copy_targets_not_pad(batch, length, delay, vocab, generator):
+    return _delayed(batch, length, delay, vocab, generator, head="wrapped")
+
+
+def copy_markers_pad(batch, length, delay, vocab, generator):
+    return _delayed(batch, length, delay, vocab, generator, markers="pad")
+
+
+def copy_specials_as_data(batch, length, delay, vocab, generator):
+    return _delayed(batch, length, delay, vocab, generator, low=0)
+
+
+def copy_global_rng(batch, length, delay, vocab, generator):
+    return _delayed(batch, length, delay, vocab, generator, rng="global")
+
+
+def copy_same_rows(batch, length, delay, vocab, generator):
+    return _delayed(batch, length, delay, vocab, generator, rows="same")
+
+
+def copy_no_errors(batch, length, delay, vocab, generator):
+    if length < 1 or vocab < 3:
+        raise ValueError("bad arguments")
+    return _delayed(batch, length, max(delay, 1), vocab, generator, check=False)
+
+
+# ----------------------------------------------------------------------------- q5b: selective_copy_batch
+def _selective(batch, length, n_data, vocab, generator, *, where="random", noise="pad", markers="bos", order="sorted",
+               roll=0, rng="generator", check=True):
+    if check and (n_data < 1 or n_data > length):
+        raise ValueError("bad n_data")
+    gen = generator if rng == "generator" else None
+    data = torch.randint(2, vocab, (batch, n_data), generator=gen)
+    if where == "random":
+        pos = torch.stack([torch.randperm(length, generator=gen)[:n_data].sort().values for _ in range(batch)])
+    else:                                                            # the first n_data positions in every row
+        pos = torch.arange(n_data).expand(batch, n_data)
+    if noise == "pad":
+        inputs = torch.zeros(batch, length + n_data, dtype=torch.long)
+    else:                                                            # noise drawn from the data tokens
+        inputs = torch.randint(2, vocab, (batch, length + n_data), generator=gen)
+    inputs.scatter_(1, pos, data)
+    inputs[:, length:] = 1 if markers == "bos" else 0
+    answers = data.roll(roll, dims=1)
+    if order == "shuffled":
+        answers = answers.flip(1)
+    targets = torch.zeros_like(inputs)
+    targets[:, length:] = answers
+    return inputs, targets
+
+
+def selective_rolled(batch, length, n_data, vocab, generator):
+    return _selective(batch, length, n_data, vocab, generator, roll=1)      # each marker answers the next token
+
+
+def selective_fixed_positions(batch, length, n_data, vocab, generator):
+    return _selective(batch, length, n_data, vocab, generator, where="first")
+
+
+def selective_noise_tokens(batch, length, n_data, vocab, generator):
+    return _selective(batch, length, n_data, vocab, generator, noise="tokens")
+
+
+def selective_markers_pad(batch, length, n_data, vocab, generator):
+    return _selective(batch, length, n_data, vocab, generator, markers="pad")
+
+
+def selective_reversed(batch, length, n_data, vocab, generator):
+    return _selective(batch, length, n_data, vocab, generator, order="shuffled")
+
+
+def selective_global_rng(batch, length, n_data, vocab, generator):
+    return _selective(batch, length, n_data, vocab, generator, rng="global")
+
+
+def selective_no_errors(batch, length, n_data, vocab, generator):
+    return _selective(batch, length, max(1, min(n_data, length)), vocab, generator, check=False)
+
+
 WRONG_ANSWERS = {
     "q1a": {
         "off_by_one": ({"mqar_batch": mqar_next_value}, "paired"),
@@ -336,5 +435,23 @@ WRONG_ANSWERS = {
         "inverted": ({"scaling_exponent": exponent_inverted}, "exponent"),
         "no_exp": ({"scaling_exponent": exponent_no_exp}, "prefactor"),
         "linear_axes": ({"scaling_exponent": exponent_linear_axes}, "exponent"),
+    },
+    "q5a": {
+        "off_by_one": ({"delayed_copy": copy_one_early}, "back"),
+        "targets_not_pad": ({"delayed_copy": copy_targets_not_pad}, "PAD"),
+        "markers_pad": ({"delayed_copy": copy_markers_pad}, "BOS"),
+        "specials_as_data": ({"delayed_copy": copy_specials_as_data}, "data tokens"),
+        "global_rng": ({"delayed_copy": copy_global_rng}, "same seed"),
+        "same_rows": ({"delayed_copy": copy_same_rows}, "same tokens"),
+        "no_errors": ({"delayed_copy": copy_no_errors}, "ValueError"),
+    },
+    "q5b": {
+        "off_by_one": ({"selective_copy_batch": selective_rolled}, "in order"),
+        "fixed_positions": ({"selective_copy_batch": selective_fixed_positions}, "same positions"),
+        "noise_tokens": ({"selective_copy_batch": selective_noise_tokens}, "PAD"),
+        "markers_pad": ({"selective_copy_batch": selective_markers_pad}, "BOS"),
+        "reversed": ({"selective_copy_batch": selective_reversed}, "in order"),
+        "global_rng": ({"selective_copy_batch": selective_global_rng}, "same seed"),
+        "no_errors": ({"selective_copy_batch": selective_no_errors}, "ValueError"),
     },
 }
