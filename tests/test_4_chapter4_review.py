@@ -47,7 +47,7 @@ def test_reference_bad_input_M4_9():
     with pytest.raises(ValueError, match="even"):
         apply_rope_reference(torch.randn(4, 5))
     with pytest.raises(TypeError, match="positions"):
-        apply_rope_reference(torch.randn(4, 6), torch.arange(4.0))
+        apply_rope_reference(torch.randn(4, 6), torch.ones(4, dtype=torch.bool))
     with pytest.raises(ValueError, match="positions"):
         apply_rope_reference(torch.randn(4, 6), torch.arange(3))
     with pytest.raises((TypeError, ValueError), match="x"):
