@@ -47,7 +47,7 @@ def test_reference_bad_input_M4_9():
     with pytest.raises(ValueError, match="even"):
         apply_rope_reference(torch.randn(4, 5))
     with pytest.raises(TypeError, match="positions"):
-        apply_rope_reference(torch.randn(4, 6), torch.arange(4.0))
+        apply_rope_reference(torch.randn(4, 6), torch.ones(4, dtype=torch.bool))
     with pytest.raises(ValueError, match="positions"):
         apply_rope_reference(torch.randn(4, 6), torch.arange(3))
     with pytest.raises((TypeError, ValueError), match="x"):
@@ -125,3 +125,47 @@ def test_saved_length_extrapolation_results_are_complete_M4_15():
             assert len(values) == len(seeds)
             assert saved["loss"][kind][L] == pytest.approx(sum(values) / len(values), rel=1e-12)
         assert len(saved["per_position"][kind]) == saved["lengths"][-1]
+
+
+# ----------------------------------------------------------------------------- far retrieval (beside M4.15)
+FAR = Path(__file__).resolve().parents[1] / "experiments" / "far_retrieval.py"
+
+
+def _far_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("far_retrieval_script", FAR)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("length, distance", [(10, 2), (10, 9), (64, 40)])
+def test_passkey_batch_puts_the_only_trigger_at_the_distance_M4_15(length, distance):
+    from xfam_lib.tasks import BOS
+
+    inputs, answers = _far_module().passkey_batch(50, length, distance, 6, torch.Generator().manual_seed(0))
+    where = length - 1 - distance
+    assert inputs.shape == (50, length) and answers.shape == (50,)
+    assert (inputs[:, where] == BOS).all() and (inputs[:, -1] == BOS).all()
+    assert ((inputs == BOS).sum(1) == 2).all()                   # the stray trigger of induction_heads is gone
+    assert torch.equal(answers, inputs[:, where + 1]) and (answers != BOS).all()
+
+
+@pytest.mark.parametrize("distance", [1, 10])
+def test_passkey_batch_refuses_a_distance_outside_the_sequence_M4_15(distance):
+    with pytest.raises(ValueError, match=f"distance must be in 2 .. length-1 = 9, got {distance}"):
+        _far_module().passkey_batch(2, 10, distance, 6, torch.Generator().manual_seed(0))
+
+
+def test_saved_far_retrieval_results_are_complete_M4_15():
+    """The far-retrieval figure reads these numbers: three seeds, every arm and distance, means that match."""
+    saved = json.loads((RESULTS.parent / "far_retrieval.json").read_text())
+    cfg = saved["config"]
+    assert len(cfg["seeds"]) >= 3 and len(set(cfg["seeds"])) == len(cfg["seeds"])
+    for kind in cfg["kinds"]:
+        per_seed = saved["accuracy_per_seed"][kind]
+        assert len(per_seed) == len(cfg["seeds"]) and all(len(a) == len(cfg["distances"]) for a in per_seed)
+        assert saved["accuracy"][kind] == pytest.approx([sum(a) / len(a) for a in zip(*per_seed)], rel=1e-12)
+        assert len(saved["train_accuracy"][kind]) == len(cfg["seeds"])
+    assert all(len(v) == len(cfg["seeds"]) for v in saved["alibi_reach_per_seed"].values())

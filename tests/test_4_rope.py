@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xfam_lib.attention import MultiHeadAttention
-from xfam_lib.positional import (RotaryEmbedding, apply_rope, rope_matrix, rope_permutation, rope_turns,
-                                 to_half_split, to_interleaved)
+from xfam_lib.positional import (LearnedPositionalEmbedding, RotaryEmbedding, apply_rope, apply_rope_reference,
+                                 rope_matrix, rope_permutation, rope_turns, to_half_split, to_interleaved)
 from xfam_lib.testing import assert_close, randn
 
 
@@ -148,6 +148,18 @@ def test_positions_argument_and_table_growth_M4_9(gen):
                  x[:, :3] @ rope_matrix(7, 8, interleaved=False).T, atol=1e-5)
 
 
+def test_fractional_positions_as_position_interpolation_uses_M4_11(gen):
+    """Position interpolation passes positions * L_train / L_test: the rotation by a fractional angle."""
+    x = randn(2, 5, 8, gen=gen, dtype=torch.float64)
+    frac = torch.tensor([0.0, 0.25, 1.5, 7.75, 300.5], dtype=torch.float64)
+    expected = torch.stack([x[:, r] @ rope_matrix(float(p), 8, interleaved=False).T for r, p in enumerate(frac)], 1)
+    assert_close(apply_rope(x, frac), expected, atol=1e-5)
+    assert_close(apply_rope_reference(x, frac), expected, atol=1e-5)
+    assert_close(apply_rope(x, torch.arange(5).double()), apply_rope(x, torch.arange(5)))
+    with pytest.raises(TypeError, match="integer"):                 # a learned table still needs whole rows
+        LearnedPositionalEmbedding(8, 4)(torch.tensor([0.5]))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_low_precision_computes_in_fp32_and_returns_input_dtype_M4_9(dtype, gen):
     x = randn(3, 20, 16, gen=gen)
@@ -168,7 +180,7 @@ def test_gradient_is_the_inverse_rotation_M4_9(gen):
 
 @pytest.mark.parametrize("call,err,match", [
     (lambda: apply_rope(torch.zeros(4, 7)), ValueError, "even"),
-    (lambda: apply_rope(torch.zeros(4, 8), torch.tensor([0.0, 1.0, 2.0, 3.0])), TypeError, "integer"),
+    (lambda: apply_rope(torch.zeros(4, 8), torch.tensor([True, False, True, False])), TypeError, "integer or floating"),
     (lambda: apply_rope(torch.zeros(4, 8), torch.arange(5)), ValueError, "length"),
     (lambda: apply_rope(torch.zeros(4, 8), torch.tensor([0, 1, -1, 2])), ValueError, "non-negative"),
     (lambda: apply_rope(torch.zeros(4, 8, dtype=torch.long)), TypeError, "floating"),

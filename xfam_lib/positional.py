@@ -65,10 +65,11 @@ def relative_positions(q_len: int, k_len: int | None = None, *,
     return j - i
 
 
-def _check_positions(positions: torch.Tensor, length: int) -> None:
+def _check_positions(positions: torch.Tensor, length: int, *, fractional: bool = False) -> None:
     check_tensor("positions", positions, rank=1)
-    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-        raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+    if positions.is_complex() or positions.dtype == torch.bool or (positions.is_floating_point() and not fractional):
+        kind = "a real (integer or floating)" if fractional else "an integer"
+        raise TypeError(f"positions must be {kind} tensor, got dtype {positions.dtype}")
     if positions.numel() != length:
         raise ValueError(f"positions must have length L={length} (dim -2 of x), got {positions.numel()}")
     # The range is checked where it costs nothing: reading a GPU tensor's minimum would stop the
@@ -261,7 +262,7 @@ def apply_rope_reference(x: torch.Tensor, positions: torch.Tensor | None = None,
     if d % 2:
         raise ValueError(f"apply_rope_reference needs an even feature size d, got x of shape {tuple(x.shape)}")
     positions = torch.arange(length) if positions is None else positions
-    _check_positions(positions, length)
+    _check_positions(positions, length, fractional=True)
     angles = positions.to(x.device, torch.float32)[:, None] * rope_frequencies(d, base, device=x.device)
     cos = torch.cat((angles.cos(), angles.cos()), dim=-1).to(x.dtype)       # (L, d): pair i uses angle i twice
     sin = torch.cat((angles.sin(), angles.sin()), dim=-1).to(x.dtype)
@@ -272,7 +273,10 @@ def apply_rope_reference(x: torch.Tensor, positions: torch.Tensor | None = None,
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, *, base: float = 10000.0,
                interleaved: bool = False) -> torch.Tensor:
-    """Rotate ``x (..., L, d)`` by RoPE at ``positions`` (1-D integer tensor of length L, default ``arange(L)``).
+    """Rotate ``x (..., L, d)`` by RoPE at ``positions`` (1-D tensor of length L, default ``arange(L)``).
+
+    ``positions`` may be fractional (a floating tensor), as position interpolation needs: it runs a
+    model trained on ``L_train`` tokens at ``L_test`` by passing ``arange(L_test) * L_train / L_test``.
 
     Pair ``i`` is rotated by the angle ``positions * base^(-2i/d)``; the pairs are ``(i, i + d/2)``
     (default) or ``(2i, 2i+1)`` (``interleaved=True``). Angles come from cached fp32 tables; the
@@ -291,7 +295,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, *, base: 
     else:
         # the angles of these positions, computed as the table computes them (the same fp32 products);
         # no table lookup, which would need max(positions) on the host
-        _check_positions(positions, length)
+        _check_positions(positions, length, fractional=True)
         angles = positions.to(x.device, torch.float32)[:, None] * rope_frequencies(d, base, device=x.device)
         cos, sin = angles.cos(), angles.sin()                                    # (L, d/2)
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32

@@ -5,7 +5,7 @@ part's answer defines to wrong implementations. Each must fail the part's **publ
 all its hidden tests (zero points), with messages of which at least one contains ``keyword``.
 ``TAMPER_BASE`` names the variant the end-to-end checks use. Most are the mistakes chapter 4's
 pitfalls list (ERRATA E4.1, E4.11, E4.12, E4.15, E4.18, E4.19). They are written out here
-rather than built on ``xfam_lib.positional``, which the questions put off limits.
+rather than built on ``xfam_lib.positional``, whose functions the questions put off limits.
 """
 import math
 
