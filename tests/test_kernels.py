@@ -1,0 +1,144 @@
+"""The Triton kernels of `xfam_lib.kernels` against the library's PyTorch forms.
+
+Without CUDA the kernels run in Triton's CPU interpreter. Triton decides between compiling and
+interpreting when it builds a kernel (``triton.jit`` reads ``TRITON_INTERPRET``), and the
+kernels are built on their first call; so setting the variable here, before this module imports
+Triton and before any kernel call, is enough, and no subprocess is needed. With CUDA the
+variable is left alone: the same tests then run the compiled kernels on the GPU, and the
+``gpu`` tests add sizes the interpreter would take minutes over.
+
+Pattern (as in tests/test_gpu.py): inputs are drawn in fp64 on the CPU, rounded once to the
+dtype under test; the reference is `scaled_dot_product_attention` in fp64 on those rounded
+values, so the comparison measures the kernel alone, within `assert_close`'s tolerance for the
+dtype. Gradients are compared the same way, for one random cotangent.
+"""
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+if sys.platform != "linux":
+    pytest.skip("Triton is pinned and tested on Linux only", allow_module_level=True)
+import triton  # noqa: F401  (pinned: a missing Triton fails here, it is not skipped)
+
+from xfam_lib import kernels
+from xfam_lib.attention import scaled_dot_product_attention
+from xfam_lib.kernels import flash_attention
+from xfam_lib.testing import assert_close, grads, randn
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_flash_attention(lead, len_q, len_k, d_k, d_v, causal, dtype, scale=None,
+                          device=DEVICE, seed=0):
+    """Output and gradients of `flash_attention` against the fp64 reference."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(*lead, len_q, d_k), (*lead, len_k, d_k), (*lead, len_k, d_v), (*lead, len_q, d_v)]
+    q, k, v, cot = (randn(*s, gen=gen).to(dtype).double() for s in shapes)
+    ref_in = [t.requires_grad_() for t in (q, k, v)]
+    ref = scaled_dot_product_attention(*ref_in, causal=causal, scale=scale)
+    ref_grads = grads(ref, ref_in, cot)
+
+    ker_in = [t.detach().to(device, dtype).requires_grad_() for t in (q, k, v)]
+    out = flash_attention(*ker_in, causal=causal, scale=scale)
+    assert out.dtype == dtype and out.device.type == torch.device(device).type
+    assert_close(out.cpu(), ref, name="output")
+    ker_grads = grads(out, ker_in, cot.to(device, dtype))
+    for name, got, want in zip(("dq", "dk", "dv"), ker_grads, ref_grads):
+        assert got.dtype == dtype
+        assert_close(got.cpu(), want, name=name)
+    return out, ker_grads
+
+
+# (leading dims, Lq, Lk, d_k, d_v, causal, scale): one tile and several, ragged ends, Lq < Lk and
+# Lq > Lk (the first Lq - Lk queries see no key), head sizes padded to a power of two.
+CASES = [
+    ((2,), 17, 17, 16, 16, False, 0.5),
+    ((1, 2), 100, 100, 32, 32, True, None),
+    ((), 64, 100, 64, 32, True, None),
+    ((), 100, 64, 16, 16, True, None),
+    ((), 1, 1, 16, 16, True, None),
+    ((), 100, 17, 24, 40, False, None),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])) + f"-{c[1:6]}")
+def test_flash_attention_fp32(case):
+    check_flash_attention(*case[:6], torch.float32, scale=case[6])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", [((), 80, 80, 32, 32, True, None), CASES[3]],
+                         ids=lambda c: f"{c[1:6]}")
+def test_flash_attention_half(case, dtype):
+    check_flash_attention(*case[:6], dtype, scale=case[6])
+
+
+def test_rows_that_see_no_key_are_zero():
+    """Causal with Lq > Lk: the first Lq - Lk rows return exact zeros and get zero gradient;
+    with no key at all (Lk = 0), every row does."""
+    out, (dq, _, _) = check_flash_attention((2,), 80, 30, 16, 16, True, torch.float32)
+    assert out[:, :50].eq(0).all() and dq[:, :50].eq(0).all() and out[:, 50:].ne(0).all()
+    q = torch.randn(2, 5, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(2, 0, 16, device=DEVICE, requires_grad=True)
+    out = flash_attention(q, k, k, causal=True)
+    (dq,) = torch.autograd.grad(out.sum(), q)
+    assert out.shape == (2, 5, 16) and out.eq(0).all() and dq.eq(0).all()
+
+
+def test_bad_inputs_raise_clear_errors():
+    q = torch.randn(1, 4, 16)
+    with pytest.raises(ValueError, match="float64"):
+        flash_attention(q.double(), q.double(), q.double())
+    big = torch.randn(1, 4, 160)
+    with pytest.raises(ValueError, match="d_k=160"):
+        flash_attention(big, big, q)
+    with pytest.raises(ValueError, match=r"share the feature size.*\(1, 4, 8\)"):
+        flash_attention(q, q[..., :8], q)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_attention(q, q, q, causal=1)
+    with pytest.raises(ValueError, match="scale must be a positive"):
+        flash_attention(q, q, q, scale=-1.0)
+    meta = torch.empty(1, 4, 16, device="meta")
+    with pytest.raises(ValueError, match="got tensors on meta"):
+        flash_attention(meta, meta, meta)
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    """Kernels built for the GPU refuse CPU tensors, saying how to run them."""
+    flash = kernels._import_kernels("_flash")
+    monkeypatch.setattr(flash, "INTERPRETED", False)
+    q = torch.randn(1, 4, 16)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        flash_attention(q, q, q)
+
+
+def test_missing_triton_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)     # `import triton` now fails
+    monkeypatch.delitem(sys.modules, "xfam_lib.kernels._flash", raising=False)
+    q = torch.randn(1, 4, 16)
+    with pytest.raises(ImportError, match="pip install triton"):
+        flash_attention(q, q, q)
+
+
+def test_importing_the_library_does_not_import_triton(monkeypatch):
+    """With ``import triton`` made to fail, ``xfam_lib`` and ``xfam_lib.kernels`` still import
+    (afresh); only a kernel call needs Triton."""
+    monkeypatch.setitem(sys.modules, "triton", None)
+    for name in ("xfam_lib", "xfam_lib.kernels", "xfam_lib.kernels._flash"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    fresh = importlib.import_module("xfam_lib.kernels")
+    assert fresh is not kernels and callable(fresh.flash_attention)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [((2, 4), 1024, 1024, 64, 64, True),
+                                   ((2, 4), 1000, 1500, 128, 128, False),
+                                   ((3,), 700, 300, 80, 48, True)], ids=str)
+def test_flash_attention_gpu_sizes(shape, dtype):
+    check_flash_attention(*shape, dtype, device="cuda")
