@@ -1,4 +1,6 @@
-"""The Triton kernels of `xfam_lib.kernels` against the library's PyTorch forms.
+"""The Triton kernels of `xfam_lib.kernels` against the library's PyTorch forms:
+`flash_attention` against `scaled_dot_product_attention`, `chunk_simple_gla` against
+`gated_linear_attention` with its gate broadcast over ``d_k``.
 
 Without CUDA the kernels run in Triton's CPU interpreter. Triton decides between compiling and
 interpreting when it builds a kernel (``triton.jit`` reads ``TRITON_INTERPRET``), and the
@@ -10,7 +12,7 @@ variable is left alone: the same tests then run the compiled kernels on the GPU,
 Pattern (as in tests/test_gpu.py): inputs are drawn in fp64 on the CPU, rounded once to the
 dtype under test; the reference is `scaled_dot_product_attention` in fp64 on those rounded
 values, so the comparison measures the kernel alone, within `assert_close`'s tolerance for the
-dtype. Gradients are compared the same way, for one random cotangent.
+dtype. Gradients are compared the same way, for one random cotangent (per result).
 """
 import importlib
 import os
@@ -27,8 +29,9 @@ import triton  # noqa: F401  (pinned: a missing Triton fails here, it is not ski
 
 from xfam_lib import kernels
 from xfam_lib.attention import scaled_dot_product_attention
-from xfam_lib.kernels import flash_attention
-from xfam_lib.testing import assert_close, grads, randn
+from xfam_lib.kernels import chunk_simple_gla, flash_attention
+from xfam_lib.linear import gated_linear_attention
+from xfam_lib.testing import assert_close, grads, randn, tolerance_for
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -135,6 +138,86 @@ def test_importing_the_library_does_not_import_triton(monkeypatch):
     assert fresh is not kernels and callable(fresh.flash_attention)
 
 
+def check_simple_gla(lead, length, d_k, d_v, max_decay, with_state, dtype, device=DEVICE,
+                     seed=0):
+    """Output, final state and all gradients of `chunk_simple_gla` against the fp64 reference;
+    log gates uniform in ``[-max_decay, 0]``."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(*lead, length, d_k), (*lead, length, d_k), (*lead, length, d_v)]
+    q, k, v = (randn(*s, gen=gen).to(dtype).double() for s in shapes)
+    log_g = (-max_decay * torch.rand(*lead, length, generator=gen, dtype=torch.float64))
+    log_g = log_g.to(dtype).double()
+    h0 = randn(*lead, d_k, d_v, gen=gen).float().double() if with_state else None
+    inputs = [q, k, v, log_g] + ([h0] if with_state else [])
+    ref_in = [t.requires_grad_() for t in inputs]
+    # the library's chunk form, in fp64 (tests/test_8_linear.py holds it to the recurrence)
+    ref, ref_state = gated_linear_attention(*ref_in[:3], ref_in[3][..., None].expand_as(k),
+                                            mode="chunk",
+                                            initial_state=ref_in[4] if with_state else None,
+                                            return_final_state=True)
+    cot, cot_state = randn(*ref.shape, gen=gen).to(dtype), randn(*ref_state.shape, gen=gen)
+    ref_grads = torch.autograd.grad((ref * cot).sum() + (ref_state * cot_state).sum(), ref_in)
+
+    ker_in = [t.detach().to(device, dtype).requires_grad_() for t in inputs[:4]]
+    if with_state:
+        ker_in.append(h0.detach().to(device, torch.float32).requires_grad_())
+    out, state = chunk_simple_gla(*ker_in[:4], initial_state=ker_in[4] if with_state else None,
+                                  return_final_state=True)
+    assert out.dtype == dtype and state.dtype == torch.float32
+    assert_close(out.cpu(), ref, name="output")
+    assert_close(state.cpu(), ref_state, atol=tolerance_for(out)[0],
+                 rtol=tolerance_for(out)[1], name="final state")
+    loss = (out * cot.to(device)).sum() + (state * cot_state.to(device, torch.float32)).sum()
+    ker_grads = torch.autograd.grad(loss, ker_in)
+    names = ("dq", "dk", "dv", "dlog_g", "d_initial_state")
+    for name, got, want in zip(names, ker_grads, ref_grads):
+        if name != "dlog_g":
+            assert_close(got.cpu().to(dtype), want, name=name)
+    # dlog_g_s = sum over t >= s of (q_t . dq_t - k_t . dk_t): terms that cancel, so its
+    # rounding error follows the sum of their sizes, not the size of the result.
+    dq, dk = ref_grads[:2]
+    sizes = (q * dq).abs().sum(-1) + (k * dk).abs().sum(-1)
+    sizes = sizes.flip(-1).cumsum(-1).flip(-1)
+    atol, rtol = tolerance_for(ker_grads[3])
+    error = (ker_grads[3].cpu().double() - ref_grads[3]).abs()
+    allowed = atol + rtol * (ref_grads[3].abs() + sizes)
+    assert (error <= allowed).all(), f"dlog_g: worst error/allowed {(error / allowed).max():.3g}"
+
+
+# (leading dims, L, d_k, d_v, largest log decay per step, initial state): one chunk and
+# several, ragged ends, gates near 1 and strong decays.
+GLA_CASES = [
+    ((2,), 17, 16, 16, 0.5, False),
+    ((1, 2), 100, 32, 24, 0.5, True),
+    ((), 64, 16, 40, 20.0, True),
+    ((), 1, 16, 16, 0.5, False),
+]
+
+
+@pytest.mark.parametrize("case", GLA_CASES, ids=str)
+def test_chunk_simple_gla_fp32(case):
+    check_simple_gla(*case, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_chunk_simple_gla_half(dtype):
+    check_simple_gla((2,), 70, 32, 32, 0.5, True, dtype)
+
+
+def test_chunk_simple_gla_bad_inputs():
+    q = torch.randn(2, 6, 16)
+    with pytest.raises(ValueError, match=r"log_g must have shape \(..., L\) = \(2, 6\)"):
+        chunk_simple_gla(q, q, q, torch.zeros(2, 6, 16))
+    with pytest.raises(ValueError, match="finite and <= 0"):
+        chunk_simple_gla(q, q, q, torch.full((2, 6), 0.1))
+    with pytest.raises(ValueError, match=r"initial_state must have shape.*\(2, 16, 16\)"):
+        chunk_simple_gla(q, q, q, torch.zeros(2, 6), initial_state=torch.zeros(16, 16))
+    with pytest.raises(ValueError, match="float64"):
+        chunk_simple_gla(q.double(), q.double(), q.double(), torch.zeros(2, 6).double())
+    with pytest.raises(ValueError, match="sequence length"):
+        chunk_simple_gla(q, q[:, :5], q, torch.zeros(2, 6))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("shape", [((2, 4), 1024, 1024, 64, 64, True),
@@ -142,3 +225,9 @@ def test_importing_the_library_does_not_import_triton(monkeypatch):
                                    ((3,), 700, 300, 80, 48, True)], ids=str)
 def test_flash_attention_gpu_sizes(shape, dtype):
     check_flash_attention(*shape, dtype, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_chunk_simple_gla_gpu_sizes(dtype):
+    check_simple_gla((2, 4), 1000, 64, 128, 0.5, True, dtype, device="cuda")

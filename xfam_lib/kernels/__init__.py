@@ -15,11 +15,11 @@ import math
 
 import torch
 
-from ..utils import check_qkv, resolve_scale
+from ..utils import check_qkv, check_tensor, resolve_scale
 
-__all__ = ["flash_attention"]
+__all__ = ["chunk_simple_gla", "flash_attention"]
 
-FLASH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
 
 
@@ -56,6 +56,18 @@ def _check_device(name: str, device: torch.device, dtype: torch.dtype, interpret
                              f"{capability} on {device}; use float16")
 
 
+def _check_served(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ``ValueError`` for a dtype, head size or device mix the kernels do not serve."""
+    if q.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"{name} serves float16, bfloat16 and float32, got {q.dtype}")
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    if not (1 <= d_k <= MAX_HEAD_DIM and 1 <= d_v <= MAX_HEAD_DIM):
+        raise ValueError(f"{name} serves head sizes 1 to {MAX_HEAD_DIM}, got d_k={d_k} and "
+                         f"d_v={d_v} (q {tuple(q.shape)}, v {tuple(v.shape)})")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     scale: float | None = None) -> torch.Tensor:
     """FlashAttention-2 in Triton: ``softmax(q k^T * scale) v`` without storing the scores.
@@ -71,14 +83,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     scale = resolve_scale(scale, q.shape[-1])
-    if q.dtype not in FLASH_DTYPES:
-        raise ValueError(f"flash_attention serves float16, bfloat16 and float32, got {q.dtype}")
+    _check_served("flash_attention", q, k, v)
     d_k, d_v = q.shape[-1], v.shape[-1]
-    if not (1 <= d_k <= MAX_HEAD_DIM and 1 <= d_v <= MAX_HEAD_DIM):
-        raise ValueError(f"flash_attention serves head sizes 1 to {MAX_HEAD_DIM}, got d_k={d_k} "
-                         f"and d_v={d_v} (q {tuple(q.shape)}, v {tuple(v.shape)})")
-    if not q.device == k.device == v.device:
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     flash = _import_kernels("_flash")
     _check_device("flash_attention", q.device, q.dtype, flash.INTERPRETED)
 
@@ -88,3 +94,53 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                                      k.reshape(batch, len_k, d_k).contiguous(),
                                      v.reshape(batch, len_k, d_v).contiguous(), causal, scale)
     return out.reshape(*lead, len_q, d_v)
+
+
+def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Tensor, *,
+                     scale: float | None = None, initial_state: torch.Tensor | None = None,
+                     return_final_state: bool = False):
+    """Scalar-gated linear attention, chunked, in Triton: one log gate per step and head,
+    ``S_t = exp(log_g_t) S_{t-1} + k_t v_t^T`` and ``o_t = scale * S_t^T q_t``.
+
+    ``q, k (..., L, d_k)``, ``v (..., L, d_v)``, ``log_g (..., L)`` (finite, ``<= 0``) →
+    ``out (..., L, d_v)``, and ``(out, final_state (..., d_k, d_v))`` with
+    ``return_final_state``: the results of `xfam_lib.linear.gated_linear_attention` with the
+    gate broadcast over ``d_k``. ``scale=None`` means ``1/sqrt(d_k)``. fp16, bf16 and fp32,
+    head sizes up to 128; products run in fp32, ``out`` has the input dtype and the final
+    state is fp32. Differentiable in ``q, k, v, log_g`` and ``initial_state``.
+    """
+    check_qkv(q, k, v, same_length=True)
+    scale = resolve_scale(scale, q.shape[-1])
+    _check_served("chunk_simple_gla", q, k, v)
+    check_tensor("log_g", log_g, floating=True)
+    if log_g.shape != q.shape[:-1]:
+        raise ValueError(f"log_g must have shape (..., L) = {tuple(q.shape[:-1])} (one gate per "
+                         f"step and head), got {tuple(log_g.shape)}")
+    compute = {q.dtype, torch.float32}
+    if log_g.dtype not in compute:
+        raise TypeError(f"log_g must have dtype {q.dtype} or torch.float32, got {log_g.dtype}")
+    if not bool((torch.isfinite(log_g) & (log_g <= 0)).all()):
+        raise ValueError(f"log_g must be finite and <= 0 (log forget gates), got values in "
+                         f"[{log_g.min().item():.4g}, {log_g.max().item():.4g}]")
+    lead, length, d_k, d_v = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
+    batch = math.prod(lead)
+    if initial_state is None:
+        h0 = torch.zeros(batch, d_k, d_v, dtype=torch.float32, device=q.device)
+    else:
+        check_tensor("initial_state", initial_state, floating=True)
+        if initial_state.shape != (*lead, d_k, d_v):
+            raise ValueError(f"initial_state must have shape (..., d_k, d_v) = "
+                             f"{(*lead, d_k, d_v)}, got {tuple(initial_state.shape)}")
+        if initial_state.dtype not in compute:
+            raise TypeError(f"initial_state must have dtype {q.dtype} or torch.float32, got "
+                            f"{initial_state.dtype}")
+        h0 = initial_state.float().reshape(batch, d_k, d_v).contiguous()
+    gla = _import_kernels("_simple_gla")
+    _check_device("chunk_simple_gla", q.device, q.dtype, gla.INTERPRETED)
+
+    out, final = gla.ChunkSimpleGLA.apply(
+        q.reshape(batch, length, d_k).contiguous(), k.reshape(batch, length, d_k).contiguous(),
+        v.reshape(batch, length, d_v).contiguous(), log_g.reshape(batch, length).contiguous(),
+        h0, scale)
+    out = out.reshape(*lead, length, d_v)
+    return (out, final.reshape(*lead, d_k, d_v)) if return_final_state else out

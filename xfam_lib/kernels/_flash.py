@@ -38,7 +38,7 @@ def _dot(a, b, acc, PRECISION: tl.constexpr):
     patterns, triton-lang/triton#11584), so there bf16 tiles are multiplied as fp32 copies:
     the same products, as the product of two bf16 numbers is exact in fp32.
     """
-    if _INTERPRETER:
+    if _INTERPRETER:  # noqa: SIM102  (two compile-time tests, no `and` in Triton code)
         if a.dtype == tl.bfloat16:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
