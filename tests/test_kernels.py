@@ -2,12 +2,12 @@
 `flash_attention` against `scaled_dot_product_attention`, `chunk_simple_gla` against
 `gated_linear_attention` with its gate broadcast over ``d_k``.
 
-Without CUDA the kernels run in Triton's CPU interpreter. Triton decides between compiling and
-interpreting when it builds a kernel (``triton.jit`` reads ``TRITON_INTERPRET``), and the
-kernels are built on their first call; so setting the variable here, before this module imports
-Triton and before any kernel call, is enough, and no subprocess is needed. With CUDA the
-variable is left alone: the same tests then run the compiled kernels on the GPU, and the
-``gpu`` tests add sizes the interpreter would take minutes over.
+Without CUDA the kernels run in Triton's CPU interpreter: tests/conftest.py sets
+``TRITON_INTERPRET=1`` for the whole test process, because the variable must be set before
+anything imports Triton (Triton builds its own helpers at import, and other test modules'
+oracles import it), which a setting here would not guarantee; no subprocess is needed. With
+CUDA the variable is left alone: the same tests then run the compiled kernels on the GPU, and
+the ``gpu`` tests add sizes the interpreter would take minutes over.
 
 Pattern (as in tests/test_gpu.py): inputs are drawn in fp64 on the CPU, rounded once to the
 dtype under test; the reference is `scaled_dot_product_attention` in fp64 on those rounded
@@ -15,14 +15,11 @@ values, so the comparison measures the kernel alone, within `assert_close`'s tol
 dtype. Gradients are compared the same way, for one random cotangent (per result).
 """
 import importlib
-import os
 import sys
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 if sys.platform != "linux":
     pytest.skip("Triton is pinned and tested on Linux only", allow_module_level=True)
 import triton  # noqa: F401  (pinned: a missing Triton fails here, it is not skipped)
@@ -118,6 +115,14 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
     q = torch.randn(1, 4, 16)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         flash_attention(q, q, q)
+
+
+def test_interpreter_switched_after_import_is_named(monkeypatch):
+    """TRITON_INTERPRET changed after Triton was imported: a clear error, not Triton's own."""
+    mode = importlib.import_module("xfam_lib.kernels._mode")
+    monkeypatch.setenv("TRITON_INTERPRET", "0" if mode.interpreted() else "1")
+    with pytest.raises(RuntimeError, match="before anything imports triton"):
+        mode.interpreted()
 
 
 def test_missing_triton_is_named(monkeypatch):

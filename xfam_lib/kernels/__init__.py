@@ -4,7 +4,7 @@ forms they implement.
 Importing this package does not import Triton: each kernel imports it on first use, so a reader
 without Triton never needs it. The kernels run compiled on a CUDA GPU, and on CPU tensors in
 Triton's interpreter, which must be switched on with ``TRITON_INTERPRET=1`` in the environment
-before the first kernel call (Triton reads it when it builds the kernels). A call a kernel
+before anything imports Triton (Triton builds its own helpers at import). A call a kernel
 cannot serve (a dtype, a head size, a device) raises ``ValueError`` naming it; no kernel falls
 back to another path.
 """
@@ -40,8 +40,9 @@ def _check_device(name: str, device: torch.device, dtype: torch.dtype, interpret
     if device.type == "cpu":
         if not interpreted:
             raise ValueError(f"{name} got CPU tensors, which Triton runs only in its interpreter: "
-                             f"set the environment variable TRITON_INTERPRET=1 before the first "
-                             f"kernel call (in a new process), or move the tensors to a CUDA GPU")
+                             f"set the environment variable TRITON_INTERPRET=1 at the start of a "
+                             f"new process (before anything imports triton), or move the tensors "
+                             f"to a CUDA GPU")
         return
     if device.type != "cuda":
         raise ValueError(f"{name} runs on CUDA GPUs (or on the CPU under TRITON_INTERPRET=1), "

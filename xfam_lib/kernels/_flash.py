@@ -1,8 +1,7 @@
 """FlashAttention-2 in Triton: forward and backward kernels and the autograd Function.
 
 Imported by `xfam_lib.kernels` on first use (importing it imports Triton). Whether the kernels
-run compiled on a GPU or in Triton's CPU interpreter is fixed here, at import: ``triton.jit``
-reads ``TRITON_INTERPRET`` when it decorates a function.
+run compiled on a GPU or in Triton's CPU interpreter is fixed here, at import (`_mode`).
 
 Layout: the caller flattens the leading dims, so every tensor here is a contiguous
 ``(B, L, d)`` stack of ``B`` independent ``(L, d)`` matrices, one per (batch, head) pair.
@@ -19,8 +18,10 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from ._mode import interpreted
+
 # True when the kernels below were built for Triton's CPU interpreter.
-INTERPRETED = bool(triton.knobs.runtime.interpret)
+INTERPRETED = interpreted()
 _INTERPRETER = tl.constexpr(INTERPRETED)
 
 # Tile sizes: each program instance owns BLOCK_M query rows (forward, dQ) or BLOCK_N key

@@ -18,8 +18,10 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from ._mode import interpreted
+
 # True when the kernels below were built for Triton's CPU interpreter.
-INTERPRETED = bool(triton.knobs.runtime.interpret)
+INTERPRETED = interpreted()
 # Each chunk is BLOCK_C steps: the part inside a chunk is a (BLOCK_C, BLOCK_C) matrix product.
 BLOCK_C = 32
 
