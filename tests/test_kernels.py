@@ -1,0 +1,240 @@
+"""The Triton kernels of `xfam_lib.kernels` against the library's PyTorch forms:
+`flash_attention` against `scaled_dot_product_attention`, `chunk_simple_gla` against
+`gated_linear_attention` with its gate broadcast over ``d_k``.
+
+Without CUDA the kernels run in Triton's CPU interpreter: tests/conftest.py sets
+``TRITON_INTERPRET=1`` for the whole test process, because the variable must be set before
+anything imports Triton (Triton builds its own helpers at import, and other test modules'
+oracles import it), which a setting here would not guarantee; no subprocess is needed. With
+CUDA the variable is left alone: the same tests then run the compiled kernels on the GPU, and
+the ``gpu`` tests add sizes the interpreter would take minutes over.
+
+Pattern (as in tests/test_gpu.py): inputs are drawn in fp64 on the CPU, rounded once to the
+dtype under test; the reference (the library's PyTorch form) runs in fp64 on those rounded
+values, so the comparison measures the kernel alone, within `assert_close`'s tolerance for the
+dtype. Gradients are compared the same way, for one random cotangent (per result).
+"""
+import importlib
+import sys
+
+import pytest
+import torch
+
+if sys.platform != "linux":
+    pytest.skip("Triton is pinned and tested on Linux only", allow_module_level=True)
+import triton  # noqa: F401  (pinned: a missing Triton fails here, it is not skipped)
+
+from xfam_lib import kernels
+from xfam_lib.attention import scaled_dot_product_attention
+from xfam_lib.kernels import chunk_simple_gla, flash_attention
+from xfam_lib.linear import gated_linear_attention
+from xfam_lib.testing import assert_close, grads, randn, tolerance_for
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_flash_attention(lead, len_q, len_k, d_k, d_v, causal, dtype, scale=None,
+                          device=DEVICE, seed=0):
+    """Output and gradients of `flash_attention` against the fp64 reference."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(*lead, len_q, d_k), (*lead, len_k, d_k), (*lead, len_k, d_v), (*lead, len_q, d_v)]
+    q, k, v, cot = (randn(*s, gen=gen).to(dtype).double() for s in shapes)
+    ref_in = [t.requires_grad_() for t in (q, k, v)]
+    ref = scaled_dot_product_attention(*ref_in, causal=causal, scale=scale)
+    ref_grads = grads(ref, ref_in, cot)
+
+    ker_in = [t.detach().to(device, dtype).requires_grad_() for t in (q, k, v)]
+    out = flash_attention(*ker_in, causal=causal, scale=scale)
+    assert out.dtype == dtype and out.device.type == torch.device(device).type
+    assert_close(out.cpu(), ref, name="output")
+    ker_grads = grads(out, ker_in, cot.to(device, dtype))
+    for name, got, want in zip(("dq", "dk", "dv"), ker_grads, ref_grads):
+        assert got.dtype == dtype
+        assert_close(got.cpu(), want, name=name)
+    return out, ker_grads
+
+
+# (leading dims, Lq, Lk, d_k, d_v, causal, scale): one tile and several, ragged ends, Lq < Lk and
+# Lq > Lk (the first Lq - Lk queries see no key), head sizes padded to a power of two.
+CASES = [
+    ((2,), 17, 17, 16, 16, False, 0.5),
+    ((1, 2), 100, 100, 32, 32, True, None),
+    ((), 64, 100, 64, 32, True, None),
+    ((), 100, 64, 16, 16, True, None),
+    ((), 1, 1, 8, 8, True, None),
+    ((), 100, 17, 24, 40, False, None),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])) + f"-{c[1:6]}")
+def test_flash_attention_fp32(case):
+    """The Triton form of tiled attention with online softmax (M3.11)."""
+    check_flash_attention(*case[:6], torch.float32, scale=case[6])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", [((), 80, 80, 32, 32, True, None), CASES[3]],
+                         ids=lambda c: f"{c[1:6]}")
+def test_flash_attention_half(case, dtype):
+    check_flash_attention(*case[:6], dtype, scale=case[6])
+
+
+def test_rows_that_see_no_key_are_zero():
+    """Causal with Lq > Lk: the first Lq - Lk rows return exact zeros and get zero gradient;
+    with no key at all (Lk = 0), every row does."""
+    out, (dq, _, _) = check_flash_attention((2,), 80, 30, 16, 16, True, torch.float32)
+    assert out[:, :50].eq(0).all() and dq[:, :50].eq(0).all() and out[:, 50:].ne(0).all()
+    q = torch.randn(2, 5, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(2, 0, 16, device=DEVICE, requires_grad=True)
+    out = flash_attention(q, k, k, causal=True)
+    (dq,) = torch.autograd.grad(out.sum(), q)
+    assert out.shape == (2, 5, 16) and out.eq(0).all() and dq.eq(0).all()
+
+
+def test_bad_inputs_raise_clear_errors():
+    q = torch.randn(1, 4, 16)
+    with pytest.raises(ValueError, match="float64"):
+        flash_attention(q.double(), q.double(), q.double())
+    big = torch.randn(1, 4, 160)
+    with pytest.raises(ValueError, match="d_k=160"):
+        flash_attention(big, big, q)
+    with pytest.raises(ValueError, match=r"share the feature size.*\(1, 4, 8\)"):
+        flash_attention(q, q[..., :8], q)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_attention(q, q, q, causal=1)
+    with pytest.raises(ValueError, match="scale must be a positive"):
+        flash_attention(q, q, q, scale=-1.0)
+    meta = torch.empty(1, 4, 16, device="meta")
+    with pytest.raises(ValueError, match="got tensors on meta"):
+        flash_attention(meta, meta, meta)
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    """Kernels built for the GPU refuse CPU tensors, saying how to run them."""
+    flash = kernels._import_kernels("_flash")
+    monkeypatch.setattr(flash, "INTERPRETED", False)
+    q = torch.randn(1, 4, 16)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        flash_attention(q, q, q)
+
+
+def test_interpreter_switched_after_import_is_named(monkeypatch):
+    """TRITON_INTERPRET changed after Triton was imported: a clear error, not Triton's own."""
+    mode = importlib.import_module("xfam_lib.kernels._mode")
+    monkeypatch.setenv("TRITON_INTERPRET", "0" if mode.interpreted() else "1")
+    with pytest.raises(RuntimeError, match="before anything imports triton"):
+        mode.interpreted()
+
+
+def test_missing_triton_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)     # `import triton` now fails
+    monkeypatch.delitem(sys.modules, "xfam_lib.kernels._flash", raising=False)
+    q = torch.randn(1, 4, 16)
+    with pytest.raises(ImportError, match="pip install triton"):
+        flash_attention(q, q, q)
+
+
+def test_importing_the_library_does_not_import_triton(monkeypatch):
+    """With ``import triton`` made to fail, ``xfam_lib`` and ``xfam_lib.kernels`` still import
+    (afresh); only a kernel call needs Triton."""
+    monkeypatch.setitem(sys.modules, "triton", None)
+    for name in ("xfam_lib", "xfam_lib.kernels", "xfam_lib.kernels._flash"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    fresh = importlib.import_module("xfam_lib.kernels")
+    assert fresh is not kernels and callable(fresh.flash_attention)
+
+
+def check_simple_gla(lead, length, d_k, d_v, max_decay, with_state, dtype, device=DEVICE,
+                     seed=0):
+    """Output, final state and all gradients of `chunk_simple_gla` against the fp64 reference;
+    log gates uniform in ``[-max_decay, 0]``."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(*lead, length, d_k), (*lead, length, d_k), (*lead, length, d_v)]
+    q, k, v = (randn(*s, gen=gen).to(dtype).double() for s in shapes)
+    log_g = (-max_decay * torch.rand(*lead, length, generator=gen, dtype=torch.float64))
+    log_g = log_g.to(dtype).double()
+    h0 = randn(*lead, d_k, d_v, gen=gen).float().double() if with_state else None
+    inputs = [q, k, v, log_g] + ([h0] if with_state else [])
+    ref_in = [t.requires_grad_() for t in inputs]
+    # the library's chunk form, in fp64 (tests/test_8_linear.py holds it to the recurrence)
+    ref, ref_state = gated_linear_attention(*ref_in[:3], ref_in[3][..., None].expand_as(k),
+                                            mode="chunk",
+                                            initial_state=ref_in[4] if with_state else None,
+                                            return_final_state=True)
+    cot, cot_state = randn(*ref.shape, gen=gen).to(dtype), randn(*ref_state.shape, gen=gen)
+    ref_grads = torch.autograd.grad((ref * cot).sum() + (ref_state * cot_state).sum(), ref_in)
+
+    ker_in = [t.detach().to(device, dtype).requires_grad_() for t in inputs[:4]]
+    if with_state:
+        ker_in.append(h0.detach().to(device, torch.float32).requires_grad_())
+    out, state = chunk_simple_gla(*ker_in[:4], initial_state=ker_in[4] if with_state else None,
+                                  return_final_state=True)
+    assert out.dtype == dtype and state.dtype == torch.float32
+    assert_close(out.cpu(), ref, name="output")
+    assert_close(state.cpu(), ref_state, atol=tolerance_for(out)[0],
+                 rtol=tolerance_for(out)[1], name="final state")
+    loss = (out * cot.to(device)).sum() + (state * cot_state.to(device, torch.float32)).sum()
+    ker_grads = torch.autograd.grad(loss, ker_in)
+    names = ("dq", "dk", "dv", "dlog_g", "d_initial_state")
+    for name, got, want in zip(names, ker_grads, ref_grads):
+        if name != "dlog_g":
+            assert_close(got.cpu().to(dtype), want, name=name)
+    # dlog_g_s = sum over t >= s of (q_t . dq_t - k_t . dk_t): terms that cancel, so its
+    # rounding error follows the sum of their sizes, not the size of the result.
+    dq, dk = ref_grads[:2]
+    sizes = (q * dq).abs().sum(-1) + (k * dk).abs().sum(-1)
+    sizes = sizes.flip(-1).cumsum(-1).flip(-1)
+    atol, rtol = tolerance_for(ker_grads[3])
+    error = (ker_grads[3].cpu().double() - ref_grads[3]).abs()
+    allowed = atol + rtol * (ref_grads[3].abs() + sizes)
+    assert (error <= allowed).all(), f"dlog_g: worst error/allowed {(error / allowed).max():.3g}"
+
+
+# (leading dims, L, d_k, d_v, largest log decay per step, initial state): one chunk and
+# several, ragged ends, gates near 1 and strong decays.
+GLA_CASES = [
+    ((2,), 17, 16, 16, 0.5, False),
+    ((1, 2), 100, 32, 24, 0.5, True),
+    ((), 64, 16, 40, 20.0, True),
+    ((), 1, 16, 16, 0.5, False),
+]
+
+
+@pytest.mark.parametrize("case", GLA_CASES, ids=str)
+def test_chunk_simple_gla_fp32(case):
+    """The Triton chunk form of gated linear attention with scalar gates (M8.13)."""
+    check_simple_gla(*case, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_chunk_simple_gla_half(dtype):
+    check_simple_gla((2,), 70, 32, 32, 0.5, True, dtype)
+
+
+def test_chunk_simple_gla_bad_inputs():
+    q = torch.randn(2, 6, 16)
+    with pytest.raises(ValueError, match=r"log_g must have shape \(..., L\) = \(2, 6\)"):
+        chunk_simple_gla(q, q, q, torch.zeros(2, 6, 16))
+    with pytest.raises(ValueError, match="finite and <= 0"):
+        chunk_simple_gla(q, q, q, torch.full((2, 6), 0.1))
+    with pytest.raises(ValueError, match=r"initial_state must have shape.*\(2, 16, 16\)"):
+        chunk_simple_gla(q, q, q, torch.zeros(2, 6), initial_state=torch.zeros(16, 16))
+    with pytest.raises(ValueError, match="float64"):
+        chunk_simple_gla(q.double(), q.double(), q.double(), torch.zeros(2, 6).double())
+    with pytest.raises(ValueError, match="sequence length"):
+        chunk_simple_gla(q, q[:, :5], q, torch.zeros(2, 6))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [((2, 4), 1024, 1024, 64, 64, True),
+                                   ((2, 4), 1000, 1500, 128, 128, False),
+                                   ((3,), 700, 300, 80, 48, True)], ids=str)
+def test_flash_attention_gpu_sizes(shape, dtype):
+    check_flash_attention(*shape, dtype, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_chunk_simple_gla_gpu_sizes(dtype):
+    check_simple_gla((2, 4), 1000, 64, 128, 0.5, True, dtype, device="cuda")

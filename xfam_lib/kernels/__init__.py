@@ -1,0 +1,147 @@
+"""Triton kernels for the library's hot paths, with the arguments and results of the PyTorch
+forms they implement.
+
+Importing this package does not import Triton: each kernel imports it on first use, so a reader
+without Triton never needs it. The kernels run compiled on a CUDA GPU, and on CPU tensors in
+Triton's interpreter, which must be switched on with ``TRITON_INTERPRET=1`` in the environment
+before anything imports Triton (Triton builds its own helpers at import). A call a kernel
+cannot serve (a dtype, a head size, a device) raises ``ValueError`` naming it; no kernel falls
+back to another path.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+
+import torch
+
+from ..utils import check_qkv, check_tensor, resolve_scale
+
+__all__ = ["chunk_simple_gla", "flash_attention"]
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 128
+
+
+def _import_kernels(module: str):
+    """Import ``xfam_lib.kernels.<module>``, which imports Triton; say how to get it if absent."""
+    try:
+        return importlib.import_module(f"{__name__}.{module}")
+    except ImportError as err:
+        if err.name is None or not err.name.startswith("triton"):
+            raise
+        raise ImportError("xfam_lib.kernels needs Triton, which is not installed: "
+                          "pip install triton==3.9.0 (Linux)") from err
+
+
+def _check_device(name: str, device: torch.device, dtype: torch.dtype, interpreted: bool) -> None:
+    """Raise ``ValueError`` unless the kernels can run on ``device``: a CUDA GPU Triton compiles
+    for, or the CPU with the kernels built for Triton's interpreter."""
+    if device.type == "cpu":
+        if not interpreted:
+            raise ValueError(f"{name} got CPU tensors, which Triton runs only in its interpreter: "
+                             f"set the environment variable TRITON_INTERPRET=1 at the start of a "
+                             f"new process (before anything imports triton), or move the tensors "
+                             f"to a CUDA GPU")
+        return
+    if device.type != "cuda":
+        raise ValueError(f"{name} runs on CUDA GPUs (or on the CPU under TRITON_INTERPRET=1), "
+                         f"got tensors on {device}")
+    if torch.version.hip is None:                               # NVIDIA
+        capability = torch.cuda.get_device_capability(device)
+        if capability < (7, 0):
+            raise ValueError(f"{name} needs an NVIDIA GPU of compute capability 7.0 or newer for "
+                             f"Triton, got {capability} on {device}")
+        if dtype == torch.bfloat16 and capability < (8, 0):
+            raise ValueError(f"{name} in bfloat16 needs compute capability 8.0 or newer, got "
+                             f"{capability} on {device}; use float16")
+
+
+def _check_served(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ``ValueError`` for a dtype, head size or device mix the kernels do not serve."""
+    if q.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"{name} serves float16, bfloat16 and float32, got {q.dtype}")
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    if not (1 <= d_k <= MAX_HEAD_DIM and 1 <= d_v <= MAX_HEAD_DIM):
+        raise ValueError(f"{name} serves head sizes 1 to {MAX_HEAD_DIM}, got d_k={d_k} and "
+                         f"d_v={d_v} (q {tuple(q.shape)}, v {tuple(v.shape)})")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    scale: float | None = None) -> torch.Tensor:
+    """FlashAttention-2 in Triton: ``softmax(q k^T * scale) v`` without storing the scores.
+
+    The conventions of `xfam_lib.attention.scaled_dot_product_attention`: ``q (..., Lq, d_k)``,
+    ``k (..., Lk, d_k)``, ``v (..., Lk, d_v)`` → ``(..., Lq, d_v)`` with any leading dims;
+    ``causal`` is bottom-right aligned, and a query that sees no key (``Lq > Lk``) gets zeros
+    and zero gradients; ``scale`` defaults to ``1/sqrt(d_k)``. fp16, bf16 and fp32 inputs,
+    head sizes up to 128; products accumulate in fp32 and the result has the input dtype.
+    Differentiable: the backward recomputes the weights from the saved log-sum-exp.
+    """
+    check_qkv(q, k, v)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    scale = resolve_scale(scale, q.shape[-1])
+    _check_served("flash_attention", q, k, v)
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    flash = _import_kernels("_flash")
+    _check_device("flash_attention", q.device, q.dtype, flash.INTERPRETED)
+
+    lead, len_q, len_k = q.shape[:-2], q.shape[-2], k.shape[-2]
+    batch = math.prod(lead)                                     # the kernels see (B, L, d)
+    out = flash.FlashAttention.apply(q.reshape(batch, len_q, d_k).contiguous(),
+                                     k.reshape(batch, len_k, d_k).contiguous(),
+                                     v.reshape(batch, len_k, d_v).contiguous(), causal, scale)
+    return out.reshape(*lead, len_q, d_v)
+
+
+def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Tensor, *,
+                     scale: float | None = None, initial_state: torch.Tensor | None = None,
+                     return_final_state: bool = False):
+    """Scalar-gated linear attention, chunked, in Triton: one log gate per step and head,
+    ``S_t = exp(log_g_t) S_{t-1} + k_t v_t^T`` and ``o_t = scale * S_t^T q_t``.
+
+    ``q, k (..., L, d_k)``, ``v (..., L, d_v)``, ``log_g (..., L)`` (finite, ``<= 0``) →
+    ``out (..., L, d_v)``, and ``(out, final_state (..., d_k, d_v))`` with
+    ``return_final_state``: the results of `xfam_lib.linear.gated_linear_attention` with the
+    gate broadcast over ``d_k``. ``scale=None`` means ``1/sqrt(d_k)``. fp16, bf16 and fp32,
+    head sizes up to 128; products run in fp32, ``out`` has the input dtype and the final
+    state is fp32. Differentiable in ``q, k, v, log_g`` and ``initial_state``.
+    """
+    check_qkv(q, k, v, same_length=True)
+    scale = resolve_scale(scale, q.shape[-1])
+    _check_served("chunk_simple_gla", q, k, v)
+    check_tensor("log_g", log_g, floating=True)
+    if log_g.shape != q.shape[:-1]:
+        raise ValueError(f"log_g must have shape (..., L) = {tuple(q.shape[:-1])} (one gate per "
+                         f"step and head), got {tuple(log_g.shape)}")
+    compute = {q.dtype, torch.float32}
+    if log_g.dtype not in compute:
+        raise TypeError(f"log_g must have dtype {q.dtype} or torch.float32, got {log_g.dtype}")
+    if not bool((torch.isfinite(log_g) & (log_g <= 0)).all()):
+        raise ValueError(f"log_g must be finite and <= 0 (log forget gates), got values in "
+                         f"[{log_g.min().item():.4g}, {log_g.max().item():.4g}]")
+    lead, length, d_k, d_v = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
+    batch = math.prod(lead)
+    if initial_state is None:
+        h0 = torch.zeros(batch, d_k, d_v, dtype=torch.float32, device=q.device)
+    else:
+        check_tensor("initial_state", initial_state, floating=True)
+        if initial_state.shape != (*lead, d_k, d_v):
+            raise ValueError(f"initial_state must have shape (..., d_k, d_v) = "
+                             f"{(*lead, d_k, d_v)}, got {tuple(initial_state.shape)}")
+        if initial_state.dtype not in compute:
+            raise TypeError(f"initial_state must have dtype {q.dtype} or torch.float32, got "
+                            f"{initial_state.dtype}")
+        h0 = initial_state.float().reshape(batch, d_k, d_v).contiguous()
+    gla = _import_kernels("_simple_gla")
+    _check_device("chunk_simple_gla", q.device, q.dtype, gla.INTERPRETED)
+
+    out, final = gla.ChunkSimpleGLA.apply(
+        q.reshape(batch, length, d_k).contiguous(), k.reshape(batch, length, d_k).contiguous(),
+        v.reshape(batch, length, d_v).contiguous(), log_g.reshape(batch, length).contiguous(),
+        h0, scale)
+    out = out.reshape(*lead, length, d_v)
+    return (out, final.reshape(*lead, d_k, d_v)) if return_final_state else out

@@ -1,0 +1,322 @@
+"""FlashAttention-2 in Triton: forward and backward kernels and the autograd Function.
+
+Imported by `xfam_lib.kernels` on first use (importing it imports Triton). Whether the kernels
+run compiled on a GPU or in Triton's CPU interpreter is fixed here, at import (`_mode`).
+
+Layout: the caller flattens the leading dims, so every tensor here is a contiguous
+``(B, L, d)`` stack of ``B`` independent ``(L, d)`` matrices, one per (batch, head) pair.
+Scores are kept in base 2: ``s = (q . k) * scale * log2(e)``, so ``exp(x) = 2 ** (x log2 e)``
+becomes one ``exp2``. The log-sum-exp saved for the backward, ``lse``, is in the same units.
+Query row ``i`` sits at key position ``i + Lk - Lq`` (bottom-right causal alignment).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+from ._mode import interpreted
+
+# True when the kernels below were built for Triton's CPU interpreter.
+INTERPRETED = interpreted()
+_INTERPRETER = tl.constexpr(INTERPRETED)
+
+# Tile sizes: each program instance owns BLOCK_M query rows (forward, dQ) or BLOCK_N key
+# rows (dK/dV) and walks over the other side in steps of the other block size.
+BLOCK_M = 64
+BLOCK_N = 64
+LOG2_E = 1 / math.log(2)
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr):
+    """``acc + a @ b`` accumulated in fp32 (``acc=None``: start from 0).
+
+    Triton's interpreter does not support bf16 in ``tl.dot`` (it multiplies the raw bit
+    patterns, triton-lang/triton#11584), so there bf16 tiles are multiplied as fp32 copies:
+    the same products, as the product of two bf16 numbers is exact in fp32.
+    """
+    if _INTERPRETER:  # noqa: SIM102  (two compile-time tests, no `and` in Triton code)
+        if a.dtype == tl.bfloat16:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _visible(rows, cols, len_q, len_k, CAUSAL: tl.constexpr):
+    """Which (query row, key column) pairs of a tile take part: both inside their sequences
+    and, when causal, the key not after the query's position ``row + len_k - len_q``."""
+    ok = (rows[:, None] < len_q) & (cols[None, :] < len_k)
+    if CAUSAL:
+        ok = ok & (cols[None, :] <= rows[:, None] + (len_k - len_q))
+    return ok
+
+
+@triton.jit
+def _load_tile(base, rows, n_rows, d, BLOCK_D: tl.constexpr):
+    """Load rows ``rows`` of a contiguous ``(n_rows, d)`` matrix as a ``(len(rows), BLOCK_D)``
+    tile; rows past the end and the columns that pad ``d`` to ``BLOCK_D`` read as 0."""
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < d)
+    return tl.load(base + rows[:, None] * d + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_tile(base, tile, rows, n_rows, d, BLOCK_D: tl.constexpr):
+    """Store a ``(len(rows), BLOCK_D)`` tile into rows ``rows`` of a ``(n_rows, d)`` matrix,
+    leaving out the padding rows and columns."""
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < d)
+    tl.store(base + rows[:, None] * d + cols[None, :], tile, mask=mask)
+
+
+@triton.jit
+def _key_range(row0, len_q, len_k, CAUSAL: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For the query block starting at row ``row0``: the keys ``[0, full)`` every row of the
+    block may see (whole key blocks, no mask needed) and the end ``stop`` of the keys any row
+    may see. Keys ``[full, stop)`` need the mask (causal diagonal, ragged end)."""
+    if CAUSAL:
+        shift = len_k - len_q
+        full = tl.minimum(len_k, row0 + shift + 1)
+        stop = tl.minimum(len_k, row0 + BLOCK_M + shift)
+    else:
+        full = len_k
+        stop = len_k
+    full = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
+    stop = tl.maximum(stop, 0)
+    return full, stop
+
+
+@triton.jit
+def _fwd_key_loop(acc, m_i, l_i, q, k_base, v_base, rows, start, stop,
+                  len_q, len_k, d_k, d_v, qk_scale,
+                  CAUSAL: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """The online softmax over key blocks ``start, start + BLOCK_N, ... < stop``.
+
+    Carries, per query row: ``m_i`` the largest score seen so far, ``l_i`` the sum of
+    ``2 ** (s - m_i)`` over the keys seen, ``acc`` the same weights times the values.
+    A new block with a larger maximum rescales the old sums by ``alpha = 2 ** (m_old - m_new)``.
+    """
+    for start_n in range(start, stop, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = _load_tile(k_base, cols, len_k, d_k, BLOCK_DK)          # (BLOCK_N, BLOCK_DK)
+        v = _load_tile(v_base, cols, len_k, d_v, BLOCK_DV)          # (BLOCK_N, BLOCK_DV)
+        s = _dot(q, tl.trans(k), None, PRECISION) * qk_scale
+        if MASKED:
+            s = tl.where(_visible(rows, cols, len_q, len_k, CAUSAL), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no key yet keeps m = -inf; subtract 0 there instead, so that
+        # its weights come out 2 ** -inf = 0 rather than 2 ** (-inf + inf) = NaN.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_use[:, None])                             # (BLOCK_M, BLOCK_N)
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, O, LSE, len_q, len_k, d_k, d_v, qk_scale,
+                CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """One program instance: query rows ``[row0, row0 + BLOCK_M)`` of matrix ``b``.
+
+    It keeps its query tile, loops over the key blocks it may see, and writes its rows of the
+    output and their log-sum-exp. Causal attention is done in two stages: the key blocks every
+    row sees in full (no mask), then the blocks on the diagonal and the ragged end (masked).
+    """
+    row0 = tl.program_id(0) * BLOCK_M
+    b = tl.program_id(1).to(tl.int64)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    q = _load_tile(Q + b * len_q * d_k, rows, len_q, d_k, BLOCK_DK)  # (BLOCK_M, BLOCK_DK)
+    k_base = K + b * len_k * d_k
+    v_base = V + b * len_k * d_v
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    full, stop = _key_range(row0, len_q, len_k, CAUSAL, BLOCK_M, BLOCK_N)
+    acc, m_i, l_i = _fwd_key_loop(acc, m_i, l_i, q, k_base, v_base, rows, 0, full,
+                                  len_q, len_k, d_k, d_v, qk_scale, CAUSAL, False,
+                                  BLOCK_N, BLOCK_DK, BLOCK_DV, PRECISION)
+    acc, m_i, l_i = _fwd_key_loop(acc, m_i, l_i, q, k_base, v_base, rows, full, stop,
+                                  len_q, len_k, d_k, d_v, qk_scale, CAUSAL, True,
+                                  BLOCK_N, BLOCK_DK, BLOCK_DV, PRECISION)
+
+    # A row that saw no key (causal, Lq > Lk) has l = 0: its output is 0 and its lse -inf.
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(seen, m_i + tl.log2(l_safe), float("-inf"))
+    _store_tile(O + b * len_q * d_v, out.to(O.dtype.element_ty), rows, len_q, d_v, BLOCK_DV)
+    tl.store(LSE + b * len_q + rows, lse, mask=rows < len_q)
+
+
+@triton.jit
+def _bwd_delta_kernel(O, DO, DELTA, len_q, d_v,
+                      BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """``delta_i = sum_c dO_ic O_ic`` for rows ``[row0, row0 + BLOCK_M)`` of matrix ``b``.
+
+    It equals ``sum_j P_ij dP_ij``, the term the softmax's backward subtracts:
+    ``dS_ij = P_ij (dP_ij - delta_i)``.
+    """
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    b = tl.program_id(1).to(tl.int64)
+    o = _load_tile(O + b * len_q * d_v, rows, len_q, d_v, BLOCK_DV).to(tl.float32)
+    do = _load_tile(DO + b * len_q * d_v, rows, len_q, d_v, BLOCK_DV).to(tl.float32)
+    tl.store(DELTA + b * len_q + rows, tl.sum(o * do, 1), mask=rows < len_q)
+
+
+@triton.jit
+def _weights(q, k, lse, rows, cols, len_q, len_k, qk_scale,
+             CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """Recompute the attention weights ``P = 2 ** (s - lse)`` of one tile from the saved
+    log-sum-exp; pairs that do not take part get 0. (A row that saw no key has lse = -inf
+    and weights 2 ** inf here, but none of its pairs takes part, so they all become 0.)"""
+    s = _dot(q, tl.trans(k), None, PRECISION) * qk_scale
+    p = tl.exp2(s - lse[:, None])
+    return tl.where(_visible(rows, cols, len_q, len_k, CAUSAL), p, 0.0)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, len_q, len_k, d_k, d_v, scale, qk_scale,
+                     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    """One program instance: key rows ``[col0, col0 + BLOCK_N)`` of matrix ``b``.
+
+    It keeps its key and value tiles and loops over the query blocks that may see them,
+    summing ``dV = P^T dO`` and ``dK = scale * dS^T Q`` over those blocks.
+    """
+    col0 = tl.program_id(0) * BLOCK_N
+    b = tl.program_id(1).to(tl.int64)
+    cols = col0 + tl.arange(0, BLOCK_N)
+    k = _load_tile(K + b * len_k * d_k, cols, len_k, d_k, BLOCK_DK)
+    v = _load_tile(V + b * len_k * d_v, cols, len_k, d_v, BLOCK_DV)
+    q_base = Q + b * len_q * d_k
+    do_base = DO + b * len_q * d_v
+
+    dk = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    start = 0
+    if CAUSAL:  # the first query row that sees key col0 is col0 - (len_k - len_q)
+        start = tl.maximum(col0 - (len_k - len_q), 0) // BLOCK_M * BLOCK_M
+    for row0 in range(start, len_q, BLOCK_M):
+        rows = row0 + tl.arange(0, BLOCK_M)
+        q = _load_tile(q_base, rows, len_q, d_k, BLOCK_DK)
+        do = _load_tile(do_base, rows, len_q, d_v, BLOCK_DV)
+        lse = tl.load(LSE + b * len_q + rows, mask=rows < len_q, other=0.0)
+        delta = tl.load(DELTA + b * len_q + rows, mask=rows < len_q, other=0.0)
+        p = _weights(q, k, lse, rows, cols, len_q, len_k, qk_scale, CAUSAL, PRECISION)
+        dv = _dot(tl.trans(p).to(do.dtype), do, dv, PRECISION)
+        dp = _dot(do, tl.trans(v), None, PRECISION)   # (BLOCK_M, BLOCK_N)
+        ds = p * (dp - delta[:, None])
+        dk = _dot(tl.trans(ds).to(q.dtype), q, dk, PRECISION)
+    _store_tile(DK + b * len_k * d_k, (dk * scale).to(DK.dtype.element_ty), cols, len_k, d_k,
+                BLOCK_DK)
+    _store_tile(DV + b * len_k * d_v, dv.to(DV.dtype.element_ty), cols, len_k, d_v, BLOCK_DV)
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, len_q, len_k, d_k, d_v, scale, qk_scale,
+                   CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """One program instance: query rows ``[row0, row0 + BLOCK_M)`` of matrix ``b``.
+
+    It keeps its query and output-gradient tiles and loops over the key blocks they may see,
+    summing ``dQ = scale * dS K``.
+    """
+    row0 = tl.program_id(0) * BLOCK_M
+    b = tl.program_id(1).to(tl.int64)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    q = _load_tile(Q + b * len_q * d_k, rows, len_q, d_k, BLOCK_DK)
+    do = _load_tile(DO + b * len_q * d_v, rows, len_q, d_v, BLOCK_DV)
+    lse = tl.load(LSE + b * len_q + rows, mask=rows < len_q, other=0.0)
+    delta = tl.load(DELTA + b * len_q + rows, mask=rows < len_q, other=0.0)
+    k_base = K + b * len_k * d_k
+    v_base = V + b * len_k * d_v
+
+    dq = tl.zeros([BLOCK_M, BLOCK_DK], tl.float32)
+    _, stop = _key_range(row0, len_q, len_k, CAUSAL, BLOCK_M, BLOCK_N)
+    for col0 in range(0, stop, BLOCK_N):
+        cols = col0 + tl.arange(0, BLOCK_N)
+        k = _load_tile(k_base, cols, len_k, d_k, BLOCK_DK)
+        v = _load_tile(v_base, cols, len_k, d_v, BLOCK_DV)
+        p = _weights(q, k, lse, rows, cols, len_q, len_k, qk_scale, CAUSAL, PRECISION)
+        dp = _dot(do, tl.trans(v), None, PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = _dot(ds.to(k.dtype), k, dq, PRECISION)
+    _store_tile(DQ + b * len_q * d_k, (dq * scale).to(DQ.dtype.element_ty), rows, len_q, d_k,
+                BLOCK_DK)
+
+
+def _launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> dict:
+    """The compile-time arguments shared by every kernel: tiles, padded head sizes, precision.
+
+    Head sizes are padded to a power of two (at least 16, the smallest ``tl.dot`` accepts);
+    fp32 products run in full fp32 (``ieee``), not the GPU's default TF32 (the option
+    concerns fp32 inputs only: products of fp16 or bf16 numbers are exact in fp32).
+    """
+    return {"CAUSAL": causal, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
+            "BLOCK_DK": max(16, triton.next_power_of_2(q.shape[-1])),
+            "BLOCK_DV": max(16, triton.next_power_of_2(v.shape[-1])),
+            "PRECISION": "ieee" if q.dtype == torch.float32 else None}
+
+
+def flash_forward(q, k, v, causal: bool, scale: float):
+    """Output ``(B, Lq, d_v)`` and base-2 log-sum-exp ``(B, Lq)`` (fp32) of contiguous inputs."""
+    (batch, len_q, d_k), len_k, d_v = q.shape, k.shape[1], v.shape[-1]
+    out = torch.empty((batch, len_q, d_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, len_q), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:                                            # no program to launch
+        return out, lse
+    grid = (triton.cdiv(len_q, BLOCK_M), batch)
+    _fwd_kernel[grid](q, k, v, out, lse, len_q, len_k, d_k, d_v, scale * LOG2_E,
+                      **_launch_args(q, k, v, causal))
+    return out, lse
+
+
+def flash_backward(q, k, v, out, lse, d_out, causal: bool, scale: float):
+    """Gradients ``(dq, dk, dv)`` of contiguous inputs: delta, then dK/dV, then dQ."""
+    (batch, len_q, d_k), len_k, d_v = q.shape, k.shape[1], v.shape[-1]
+    if q.numel() == 0 or k.numel() == 0:                            # nothing flows back
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    meta = _launch_args(q, k, v, causal)
+    delta = torch.empty((batch, len_q), dtype=torch.float32, device=q.device)
+    _bwd_delta_kernel[(triton.cdiv(len_q, BLOCK_M), batch)](
+        out, d_out, delta, len_q, d_v, BLOCK_M=BLOCK_M, BLOCK_DV=meta["BLOCK_DV"])
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    sizes = (len_q, len_k, d_k, d_v, scale, scale * LOG2_E)
+    _bwd_dkdv_kernel[(triton.cdiv(len_k, BLOCK_N), batch)](
+        q, k, v, d_out, lse, delta, dk, dv, *sizes, **meta)
+    _bwd_dq_kernel[(triton.cdiv(len_q, BLOCK_M), batch)](
+        q, k, v, d_out, lse, delta, dq, *sizes, **meta)
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """Attention on contiguous ``(B, L, d)`` tensors; saves only ``q, k, v``, the output and
+    the log-sum-exp, and recomputes the weights in the backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, scale: float):
+        out, lse = flash_forward(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_backward(q, k, v, out, lse, d_out.contiguous(), ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None
+
