@@ -17,10 +17,12 @@ step() {  # step NAME COMMAND... : run, record exit status and seconds
   printf '%s\t%s\t%s\n' "$name" "$?" "$((SECONDS - start))" >> "$REPORTS/steps.tsv"
 }
 
-# The library tests run on every core (pytest-xdist; at most 4 workers): most of their time is the
-# grading runs' subprocesses, which use one core each.
+# The library tests run on every core (pytest-xdist; at most 4 workers), each worker and the grading
+# runs it starts on one thread (OMP_NUM_THREADS=1): the tensors are small, and several processes
+# each asking for every core's thread slowed torch's tests by up to 25x in a 2-core run.
 step "library, exercises and hygiene tests" \
-  $PY -m pytest tests -q -rfE -n auto --maxprocesses 4 --junitxml="$REPORTS/library.xml"
+  env OMP_NUM_THREADS=1 $PY -m pytest tests -q -rfE -n auto --maxprocesses 4 \
+  --junitxml="$REPORTS/library.xml"
 # The chapters run twice: here without the saved results, as on Colab, and in the book build with
 # them (-W: an error in any cell fails the build). The exercise solutions run here.
 step "exercise solutions (nbval)" \

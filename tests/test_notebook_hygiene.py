@@ -4,6 +4,7 @@ Stored without outputs; the canonical setup cell first (tagged hidden, from scri
 code lines within the HTML column; a Python 3 kernelspec; Colab's GPU-runtime metadata (so "Open in Colab" starts on a GPU); imports xfam_lib; a numbered title; cites its METHODS rows; listed in _toc.yml.
 Exercise master notebooks are also stored without outputs.
 """
+import ast
 import importlib.util
 import json
 import re
@@ -52,6 +53,27 @@ def test_code_fits_the_html_column(path):
             for i, cell in enumerate(load(path)["cells"]) if cell["cell_type"] == "code"
             for k, line in enumerate(source(cell).splitlines()) if len(line) > CODE_COLUMN]
     assert not wide, f"{len(wide)} code lines wider than {CODE_COLUMN} columns: " + "; ".join(wide[:5])
+
+
+def glued_names(code: str) -> list[str]:
+    """The keyword names of every ``glue(...)`` call in a cell's code."""
+    tree = ast.parse("\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!"))))
+    return [kw.arg for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "glue"
+            for kw in node.keywords if kw.arg]
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_each_glue_name_is_glued_by_one_cell(path):
+    """Two cells gluing one name make the book build warn (myst-nb: "glue key ... duplicate"),
+    which -W turns into a failure after every chapter has run; this finds it in a second."""
+    cells_of = {}
+    for i, cell in enumerate(load(path)["cells"]):
+        if cell["cell_type"] == "code":
+            for name in set(glued_names(source(cell))):
+                cells_of.setdefault(name, []).append(i)
+    twice = {name: cells for name, cells in cells_of.items() if len(cells) > 1}
+    assert not twice, f"glued by more than one cell: {twice}"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
