@@ -81,14 +81,14 @@ def test_M1_25_gpt2_init_scales_and_initial_loss(corpus):
     torch.manual_seed(0)
     n_layers = 4
     net = CharGPT(65, 64, n_layers, 4, 32)
-    w = net.blocks[0].attn.q_proj.weight
-    out = torch.cat([torch.cat([b.attn.out_proj.weight.flatten(), b.ff.linear2.weight.flatten()])
+    w = net.blocks[0].self_attn.q_proj.weight
+    out = torch.cat([torch.cat([b.self_attn.out_proj.weight.flatten(), b.ff.linear2.weight.flatten()])
                      for b in net.blocks])
     # sampling error of a std estimated from n values: about std / sqrt(2n)
     assert abs(w.std().item() - 0.02) < 5 * 0.02 / math.sqrt(2 * w.numel())
     expected = 0.02 / math.sqrt(2 * n_layers)
     assert abs(out.std().item() - expected) < 5 * expected / math.sqrt(2 * out.numel())
-    assert all(b.attn.q_proj.bias.abs().max() == 0 for b in net.blocks)
+    assert all(b.self_attn.q_proj.bias.abs().max() == 0 for b in net.blocks)
     assert torch.equal(net.norm.weight, torch.ones(64))
     loss = estimate_loss(net, corpus.val, block=32, batches=2, batch=16)
     assert abs(loss - math.log(65)) < 0.05
@@ -106,7 +106,8 @@ def test_M1_25_decay_groups_split():
     names = {id(p): n for n, p in net.named_parameters()}
     decayed = {names[id(p)] for p in decay["params"]}
     kept = {names[id(p)] for p in keep["params"]}
-    linear = {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.out_proj", "ff.linear1", "ff.linear2"}
+    linear = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "ff.linear1",
+              "ff.linear2"}
     assert decayed == {f"blocks.{i}.{m}.weight" for i in range(2) for m in linear} | {"head.weight"}
     assert {"tok.weight", "pos.weight", "norm.weight", "norm.bias", "blocks.0.norm1.weight",
             "blocks.1.ff.linear2.bias"} <= kept

@@ -308,3 +308,21 @@ def test_train_loop_learns_and_warms_up():
     assert losses[-1] < 1e-3 * losses[0]
     with pytest.raises(FloatingPointError, match="step 0"):
         train_loop(model, lambda m, s: m(x).sum() * float("nan"), steps=3, lr=0.1, progress=False)
+
+
+def test_encoder_layer_dropout_acts_on_the_branches_in_training_only_and_causal_hides_the_future():
+    torch.manual_seed(0)
+    plain = EncoderLayer(16, 4, 32, norm_first=True)
+    dropped = EncoderLayer(16, 4, 32, norm_first=True, dropout=0.5)
+    dropped.load_state_dict(plain.state_dict())               # dropout adds no parameters
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(1))
+    dropped.eval()
+    assert torch.equal(dropped(x), plain(x))
+    dropped.train()
+    assert not torch.allclose(dropped(x), plain(x))
+    later = x.clone()
+    later[:, 3:] = torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(2))  # only 3..5
+    assert torch.equal(plain(x, causal=True)[:, :3], plain(later, causal=True)[:, :3])
+    assert not torch.allclose(plain(x)[:, :3], plain(later)[:, :3])
+    with pytest.raises(ValueError, match="dropout must be in"):
+        EncoderLayer(16, 4, 32, dropout=1.0)

@@ -16,9 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .attention import MultiHeadAttention
 from .train import progress_range
-from .transformer import FeedForward
+from .transformer import EncoderLayer
 from .utils import check_positive_int, check_tensor
 
 __all__ = ["CharCorpus", "tiny_shakespeare", "get_batch", "CharGPT", "gpt2_init", "decay_groups",
@@ -83,25 +82,9 @@ def get_batch(ids: torch.Tensor, batch: int, block: int, generator: torch.Genera
     return windows[:, :-1].to(device), windows[:, 1:].to(device)
 
 
-class _Block(nn.Module):
-    """Pre-LN block with dropout on each residual branch: ``x + drop(Attn(LN(x)))``, ``x + drop(FFN(LN(x)))``."""
-
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, n_heads)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.ff = FeedForward(d_model, 4 * d_model, "gelu")
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), causal=True))
-        return x + self.drop(self.ff(self.norm2(x)))
-
-
 class CharGPT(nn.Module):
     """A GPT-2-style decoder-only LM from chapter 1's parts: token plus learned position embeddings,
-    ``n_layers`` Pre-LN blocks (`MultiHeadAttention`, GELU `FeedForward` of width ``4 d``), a final
+    ``n_layers`` causal Pre-LN `EncoderLayer` blocks (GELU feed-forward of width ``4 d``), a final
     LayerNorm and a linear head. Dropout ``dropout`` acts on the summed embeddings and on the output of
     every attention and FFN branch (not on the attention weights). ``init="gpt2"`` applies
     `gpt2_init`; ``init="torch"`` keeps PyTorch's defaults. ``forward(ids (B, L)) -> logits (B, L, vocab)``
@@ -121,7 +104,9 @@ class CharGPT(nn.Module):
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(block, d_model)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(_Block(d_model, n_heads, dropout) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(
+            EncoderLayer(d_model, n_heads, 4 * d_model, norm_first=True, activation="gelu", dropout=dropout)
+            for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         if init == "gpt2":
@@ -133,7 +118,7 @@ class CharGPT(nn.Module):
             raise ValueError(f"ids of shape {tuple(ids.shape)} are longer than block={self.block}")
         x = self.drop(self.tok(ids) + self.pos.weight[: ids.shape[1]])
         for blk in self.blocks:
-            x = blk(x)
+            x = blk(x, causal=True)
         return self.head(self.norm(x))
 
 
@@ -148,7 +133,7 @@ def gpt2_init(model: CharGPT, std: float = 0.02) -> None:
             nn.init.zeros_(module.bias)
     residual_std = std / math.sqrt(2 * len(model.blocks))
     for blk in model.blocks:
-        nn.init.normal_(blk.attn.out_proj.weight, std=residual_std)
+        nn.init.normal_(blk.self_attn.out_proj.weight, std=residual_std)
         nn.init.normal_(blk.ff.linear2.weight, std=residual_std)
 
 

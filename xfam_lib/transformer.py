@@ -106,24 +106,28 @@ class EncoderLayer(nn.Module):
 
     ``norm_first=False`` (Post-LN, the original): ``x = LN(x + Sublayer(x))``.
     ``norm_first=True`` (Pre-LN): ``x = x + Sublayer(LN(x))``. ``(B, L, d) -> (B, L, d)``.
+    ``dropout`` acts on each sublayer's output before it is added to the residual stream;
+    ``causal=True`` in ``forward`` lets each token attend only to itself and earlier tokens.
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, norm_first: bool = False,
-                 activation: str = "relu", eps: float = 1e-5):
+                 activation: str = "relu", eps: float = 1e-5, dropout: float = 0.0):
         super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads)
         self.ff = FeedForward(d_model, d_ff, activation)
         self.norm1 = nn.LayerNorm(d_model, eps=eps)
         self.norm2 = nn.LayerNorm(d_model, eps=eps)
+        self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
         if self.norm_first:
-            h = self.norm1(x)
-            x = x + self.self_attn(h, mask=mask)
-            return x + self.ff(self.norm2(x))
-        x = self.norm1(x + self.self_attn(x, mask=mask))
-        return self.norm2(x + self.ff(x))
+            x = x + self.drop(self.self_attn(self.norm1(x), mask=mask, causal=causal))
+            return x + self.drop(self.ff(self.norm2(x)))
+        x = self.norm1(x + self.drop(self.self_attn(x, mask=mask, causal=causal)))
+        return self.norm2(x + self.drop(self.ff(x)))
 
 
 class DecoderLayer(nn.Module):
