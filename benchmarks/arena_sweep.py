@@ -59,7 +59,7 @@ PROTOCOL_OUT = OUT.with_name("arena_protocol.json")
 # curve over seeds at (pairs_fixed, d_fixed); GLA's gate arm starts its gates near 1 (bias gate_bias)
 PRESETS = {
     "cpu": {"pairs": [4, 8, 16], "d_fixed": 32, "widths": [16, 32, 64], "pairs_fixed": 4, "steps": 100,
-            "lrs": [1e-3, 3e-3, 1e-2], "seeds": [0, 1, 2], "batch": 16, "gate_bias": 4.0},
+            "lrs": [1e-3, 3e-3, 1e-2, 3e-2, 1e-1], "seeds": [0, 1, 2], "batch": 16, "gate_bias": 4.0},
     "gpu": {"pairs": [8, 16, 32, 64], "d_fixed": 64, "widths": [32, 64, 128, 256], "pairs_fixed": 32,
             "steps": 2000, "lrs": [3e-4, 1e-3, 3e-3, 1e-2], "seeds": [0, 1, 2], "batch": 64, "gate_bias": 4.0},
 }
