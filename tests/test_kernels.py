@@ -287,11 +287,14 @@ def test_chunk_gla_fp32(case):
     check_gla(*case, torch.float32)
 
 
-def test_chunk_gla_strong_gates():
+@pytest.mark.parametrize("gates", [(-6.0, -4.0), (-20.0, 0.0)], ids=str)
+def test_chunk_gla_strong_gates(gates):
     """log_g near -5 per step: over a 64-step chunk ``e^{-b}`` reaches ``e^{315}``, far past
     fp32's largest number, so the plain factoring ``(q e^{b}) . (k e^{-b})`` would give
-    ``inf * 0 = nan``; the sub-chunks' references keep every exponent <= 0."""
-    check_gla((), 70, 16, 16, (-6.0, -4.0), True, torch.float32)
+    ``inf * 0 = nan``; the sub-chunks' references keep every exponent <= 0. Strong and weak
+    gates mixed: decays near 1 between cumulative gates of hundreds, which fp32 alone would
+    round to a few digits."""
+    check_gla((), 70, 16, 16, gates, True, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

@@ -28,10 +28,14 @@ anywhere is positive, so nothing overflows; a factor that underflows to 0 multip
 decay smaller still. ``BLOCK_S = 16`` is the smallest size ``tl.dot`` accepts. (A reference per
 chunk alone would not do: the exponents on each side of it still span half the chunk's decay.)
 
-Tensors here are contiguous ``(B, L, d)`` stacks; ``b`` is precomputed in fp32 as ``(B, Lp,
-d_k)`` with ``Lp`` a multiple of ``BLOCK_C`` (padding steps have gate 1, so ``b`` is
-non-increasing through every chunk, padding included); states are ``(B, d_k, d_v)`` in fp32;
-all products run in fp32.
+Every exponent is a difference of two cumulative gates, and with strong gates those reach
+hundreds within a chunk: their fp32 difference would keep only about 5 correct digits of a decay
+near 1 (errors of 3e-5 at log gates drawn from [-20, 0]). So ``b`` is precomputed and held in
+fp64 (``(B, Lp, d_k)``, ``Lp`` a multiple of ``BLOCK_C``; padding steps have gate 1, so ``b`` is
+non-increasing through every chunk, padding included), each exponent is formed in fp64 and
+rounded once to fp32, and the diagonal block works from ``b`` relative to its sub-chunk's
+start. Everything else runs in fp32: tensors are contiguous ``(B, L, d)`` stacks, states
+``(B, d_k, d_v)``, and all products.
 """
 from __future__ import annotations
 
@@ -50,19 +54,26 @@ BLOCK_S = 16            # steps per sub-chunk: the tiles of the part inside a ch
 
 
 @triton.jit
-def _load_row(base, row, n_rows, d, BLOCK_D: tl.constexpr):
-    """Row ``row`` of a contiguous ``(n_rows, d)`` matrix as an fp32 vector; what lies outside
-    the matrix reads as 0."""
+def _load_b(base, rows, d, BLOCK_D: tl.constexpr):
+    """Rows ``rows`` of the fp64 cumulative gates ``b (Lp, d)`` (all inside: ``b`` is padded);
+    columns past ``d`` read as 0."""
     cols = tl.arange(0, BLOCK_D)
-    mask = (cols < d) & (row + 0 * cols < n_rows)
-    return tl.load(base + row * d + cols, mask=mask, other=0.0).to(tl.float32)
+    mask = (rows[:, None] >= 0) & (cols[None, :] < d)
+    return tl.load(base + rows[:, None] * d + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_b_row(base, row, d, BLOCK_D: tl.constexpr):
+    """Row ``row`` of ``b (Lp, d)`` as an fp64 vector."""
+    cols = tl.arange(0, BLOCK_D)
+    return tl.load(base + row * d + cols, mask=cols < d, other=0.0)
 
 
 @triton.jit
 def _diag_decay(b, BLOCK_S: tl.constexpr):
     """``e^{b_t - b_s}`` for the steps ``t, s`` of one sub-chunk (``b`` their cumulative
-    gates): a ``(BLOCK_S, BLOCK_S, BLOCK_DK)`` tile, 0 where ``t < s``. The exponent is
-    formed before ``exp`` and masked, so it is never positive."""
+    gates, from any common start): a ``(BLOCK_S, BLOCK_S, BLOCK_DK)`` tile, 0 where ``t < s``.
+    The exponent is formed before ``exp`` and masked, so it is never positive."""
     idx = tl.arange(0, BLOCK_S)
     causal = (idx[:, None] >= idx[None, :])[:, :, None]
     return tl.exp(tl.where(causal, b[:, None, :] - b[None, :, :], float("-inf")))
@@ -83,31 +94,32 @@ def _fwd_kernel(Q, K, V, Bc, H0, O, HT, length, padded, d_k, d_v, scale,
     ks, idx = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_S)
     state = _load_f32(H0 + n * d_k * d_v, ks, d_k, d_v, BLOCK_DK, BLOCK_DV)
     for c0 in range(0, length, BLOCK_C):
-        b_end = _load_row(b_base, c0 + BLOCK_C - 1, padded, d_k, BLOCK_DK)  # the chunk's total
-        new_state = state * tl.exp(b_end)[:, None]
+        b_end = _load_b_row(b_base, c0 + BLOCK_C - 1, d_k, BLOCK_DK)  # the chunk's total
+        new_state = state * tl.exp(b_end.to(tl.float32))[:, None]
         for i in range(tl.cdiv(tl.minimum(length - c0, BLOCK_C), BLOCK_S)):
             t0 = c0 + i * BLOCK_S
             rows = t0 + idx
             q = _load_f32(q_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
             k = _load_f32(k_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
             v = _load_f32(v_base, rows, length, d_v, BLOCK_S, BLOCK_DV)
-            b = _load_f32(b_base, rows, padded, d_k, BLOCK_S, BLOCK_DK)
-            out = tl.dot(q * tl.exp(b), state, input_precision="ieee")
-            ref = _load_row(b_base, t0, padded, d_k, BLOCK_DK)      # b at the start of i
-            q_ref = q * tl.exp(b - ref[None, :])
+            b = _load_b(b_base, rows, d_k, BLOCK_DK)
+            out = tl.dot(q * tl.exp(b.to(tl.float32)), state, input_precision="ieee")
+            ref = _load_b_row(b_base, t0, d_k, BLOCK_DK)           # b at the start of i
+            local = (b - ref[None, :]).to(tl.float32)                  # <= 0
+            q_ref = q * tl.exp(local)
             for j in range(i):
                 rows_j = c0 + j * BLOCK_S + idx
                 k_j = _load_f32(k_base, rows_j, length, d_k, BLOCK_S, BLOCK_DK)
                 v_j = _load_f32(v_base, rows_j, length, d_v, BLOCK_S, BLOCK_DV)
-                b_j = _load_f32(b_base, rows_j, padded, d_k, BLOCK_S, BLOCK_DK)
-                k_ref = k_j * tl.exp(ref[None, :] - b_j)
+                b_j = _load_b(b_base, rows_j, d_k, BLOCK_DK)
+                k_ref = k_j * tl.exp((ref[None, :] - b_j).to(tl.float32))
                 scores = tl.dot(q_ref, tl.trans(k_ref), input_precision="ieee")
                 out += tl.dot(scores, v_j, input_precision="ieee")
-            decay = _diag_decay(b, BLOCK_S)                            # (S, S, d_k)
+            decay = _diag_decay(local, BLOCK_S)                        # (S, S, d_k)
             scores = tl.sum(q[:, None, :] * k[None, :, :] * decay, 2)
             out += tl.dot(scores, v, input_precision="ieee")
             _store(o_base, out * scale, rows, length, d_v, BLOCK_DV)
-            k_end = k * tl.exp(b_end[None, :] - b)                     # decayed to the end
+            k_end = k * tl.exp((b_end[None, :] - b).to(tl.float32))   # decayed to the end
             new_state += tl.dot(tl.trans(k_end), v, input_precision="ieee")
         state = new_state
     _store(HT + n * d_k * d_v, state, ks, d_k, d_v, BLOCK_DV)
@@ -133,32 +145,33 @@ def _bwd_kernel(Q, K, V, Bc, H0, DO, DHT, DQ, DK, DV, DH0, length, padded, d_k, 
 
     state = _load_f32(H0 + n * d_k * d_v, ks, d_k, d_v, BLOCK_DK, BLOCK_DV)
     for c0 in range(0, length, BLOCK_C):
-        b_end = _load_row(b_base, c0 + BLOCK_C - 1, padded, d_k, BLOCK_DK)
-        new_state = state * tl.exp(b_end)[:, None]
+        b_end = _load_b_row(b_base, c0 + BLOCK_C - 1, d_k, BLOCK_DK)
+        new_state = state * tl.exp(b_end.to(tl.float32))[:, None]
         for i in range(tl.cdiv(tl.minimum(length - c0, BLOCK_C), BLOCK_S)):
             t0 = c0 + i * BLOCK_S
             rows = t0 + idx
             k = _load_f32(k_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
             v = _load_f32(v_base, rows, length, d_v, BLOCK_S, BLOCK_DV)
             do = _load_f32(do_base, rows, length, d_v, BLOCK_S, BLOCK_DV) * scale
-            b = _load_f32(b_base, rows, padded, d_k, BLOCK_S, BLOCK_DK)
-            dq = tl.dot(do, tl.trans(state), input_precision="ieee") * tl.exp(b)
-            ref = _load_row(b_base, t0, padded, d_k, BLOCK_DK)
+            b = _load_b(b_base, rows, d_k, BLOCK_DK)
+            dq = tl.dot(do, tl.trans(state), input_precision="ieee") * tl.exp(b.to(tl.float32))
+            ref = _load_b_row(b_base, t0, d_k, BLOCK_DK)
+            local = (b - ref[None, :]).to(tl.float32)
             dq_ref = tl.zeros((BLOCK_S, BLOCK_DK), dtype=tl.float32)
             for j in range(i):
                 rows_j = c0 + j * BLOCK_S + idx
                 k_j = _load_f32(k_base, rows_j, length, d_k, BLOCK_S, BLOCK_DK)
                 v_j = _load_f32(v_base, rows_j, length, d_v, BLOCK_S, BLOCK_DV)
-                b_j = _load_f32(b_base, rows_j, padded, d_k, BLOCK_S, BLOCK_DK)
+                b_j = _load_b(b_base, rows_j, d_k, BLOCK_DK)
                 d_scores = tl.dot(do, tl.trans(v_j), input_precision="ieee")
-                k_ref = k_j * tl.exp(ref[None, :] - b_j)
+                k_ref = k_j * tl.exp((ref[None, :] - b_j).to(tl.float32))
                 dq_ref += tl.dot(d_scores, k_ref, input_precision="ieee")
-            dq += dq_ref * tl.exp(b - ref[None, :])
+            dq += dq_ref * tl.exp(local)
             d_scores = tl.dot(do, tl.trans(v), input_precision="ieee")
-            decay = _diag_decay(b, BLOCK_S)
+            decay = _diag_decay(local, BLOCK_S)
             dq += tl.sum(d_scores[:, :, None] * k[None, :, :] * decay, 1)
             _store(DQ + n * length * d_k, dq, rows, length, d_k, BLOCK_DK)
-            k_end = k * tl.exp(b_end[None, :] - b)
+            k_end = k * tl.exp((b_end[None, :] - b).to(tl.float32))
             new_state += tl.dot(tl.trans(k_end), v, input_precision="ieee")
         state = new_state
 
@@ -166,8 +179,8 @@ def _bwd_kernel(Q, K, V, Bc, H0, DO, DHT, DQ, DK, DV, DH0, length, padded, d_k, 
     n_chunks = tl.cdiv(length, BLOCK_C)
     for c in range(n_chunks):
         c0 = (n_chunks - 1 - c) * BLOCK_C
-        b_end = _load_row(b_base, c0 + BLOCK_C - 1, padded, d_k, BLOCK_DK)
-        new_d_state = d_state * tl.exp(b_end)[:, None]
+        b_end = _load_b_row(b_base, c0 + BLOCK_C - 1, d_k, BLOCK_DK)
+        new_d_state = d_state * tl.exp(b_end.to(tl.float32))[:, None]
         n_sub = tl.cdiv(tl.minimum(length - c0, BLOCK_C), BLOCK_S)      # past the end: none
         for j in range(n_sub):                                          # key sub-chunk j
             t0 = c0 + j * BLOCK_S
@@ -176,30 +189,31 @@ def _bwd_kernel(Q, K, V, Bc, H0, DO, DHT, DQ, DK, DV, DH0, length, padded, d_k, 
             k = _load_f32(k_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
             v = _load_f32(v_base, rows, length, d_v, BLOCK_S, BLOCK_DV)
             do = _load_f32(do_base, rows, length, d_v, BLOCK_S, BLOCK_DV) * scale
-            b = _load_f32(b_base, rows, padded, d_k, BLOCK_S, BLOCK_DK)
-            to_end = tl.exp(b_end[None, :] - b)
+            b = _load_b(b_base, rows, d_k, BLOCK_DK)
+            to_end = tl.exp((b_end[None, :] - b).to(tl.float32))
             dk = tl.dot(v, tl.trans(d_state), input_precision="ieee") * to_end
             dv = tl.dot(k * to_end, d_state, input_precision="ieee")
             for i in range(j + 1, n_sub):                               # later query sub-chunks
                 rows_i = c0 + i * BLOCK_S + idx
                 q_i = _load_f32(q_base, rows_i, length, d_k, BLOCK_S, BLOCK_DK)
                 do_i = _load_f32(do_base, rows_i, length, d_v, BLOCK_S, BLOCK_DV) * scale
-                b_i = _load_f32(b_base, rows_i, padded, d_k, BLOCK_S, BLOCK_DK)
-                ref = _load_row(b_base, c0 + i * BLOCK_S, padded, d_k, BLOCK_DK)
-                q_ref = q_i * tl.exp(b_i - ref[None, :])
-                k_back = tl.exp(ref[None, :] - b)
+                b_i = _load_b(b_base, rows_i, d_k, BLOCK_DK)
+                ref = _load_b_row(b_base, c0 + i * BLOCK_S, d_k, BLOCK_DK)
+                q_ref = q_i * tl.exp((b_i - ref[None, :]).to(tl.float32))
+                k_back = tl.exp((ref[None, :] - b).to(tl.float32))
                 scores = tl.dot(q_ref, tl.trans(k * k_back), input_precision="ieee")
                 d_scores = tl.dot(do_i, tl.trans(v), input_precision="ieee")
                 dv += tl.dot(tl.trans(scores), do_i, input_precision="ieee")
                 dk += tl.dot(tl.trans(d_scores), q_ref, input_precision="ieee") * k_back
-            decay = _diag_decay(b, BLOCK_S)
+            local = (b - _load_b_row(b_base, t0, d_k, BLOCK_DK)[None, :]).to(tl.float32)
+            decay = _diag_decay(local, BLOCK_S)
             scores = tl.sum(q[:, None, :] * k[None, :, :] * decay, 2)
             d_scores = tl.dot(do, tl.trans(v), input_precision="ieee")
             dk += tl.sum(d_scores[:, :, None] * q[:, None, :] * decay, 0)
             dv += tl.dot(tl.trans(scores), do, input_precision="ieee")
             _store(DK + n * length * d_k, dk, rows, length, d_k, BLOCK_DK)
             _store(DV + n * length * d_v, dv, rows, length, d_v, BLOCK_DV)
-            q_start = q * tl.exp(b)                                     # decayed from the start
+            q_start = q * tl.exp(b.to(tl.float32))                      # decayed from the start
             new_d_state += tl.dot(tl.trans(q_start), do, input_precision="ieee")
         d_state = new_d_state
     _store(DH0 + n * d_k * d_v, d_state, ks, d_k, d_v, BLOCK_DV)
@@ -210,7 +224,7 @@ def chunk_cumsum(log_g: torch.Tensor) -> torch.Tensor:
     fp32, padded with gate 1 to ``(B, Lp, d_k)``, ``Lp`` a multiple of ``BLOCK_C``."""
     batch, length, d_k = log_g.shape
     padded = -(-length // BLOCK_C) * BLOCK_C
-    g = torch.zeros(batch, padded, d_k, dtype=torch.float32, device=log_g.device)
+    g = torch.zeros(batch, padded, d_k, dtype=torch.float64, device=log_g.device)
     g[:, :length] = log_g
     return g.view(batch, -1, BLOCK_C, d_k).cumsum(2).view(batch, padded, d_k)
 
