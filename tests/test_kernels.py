@@ -289,7 +289,7 @@ def test_chunk_gla_fp32(case):
 
 @pytest.mark.parametrize("gates", [(-6.0, -4.0), (-20.0, 0.0)], ids=str)
 def test_chunk_gla_strong_gates(gates):
-    """log_g near -5 per step: over a 64-step chunk ``e^{-b}`` reaches ``e^{315}``, far past
+    """log_g near -5 per step: over a 64-step chunk ``e^{-b}`` reaches ``e^{320}``, far past
     fp32's largest number, so the plain factoring ``(q e^{b}) . (k e^{-b})`` would give
     ``inf * 0 = nan``; the sub-chunks' references keep every exponent <= 0. Strong and weak
     gates mixed: decays near 1 between cumulative gates of hundreds, which fp32 alone would

@@ -13,7 +13,7 @@ state leaving it is ``e^{B} ⊙ S + sum_s (k_s ⊙ e^{B - b_s}) v_s^T``.
 With a scalar gate (`_simple_gla`) ``e^{b_t - b_s}`` is one number per pair, a ``(C, C)``
 matrix. Here it differs per key dimension, so the part inside a chunk becomes a matrix product
 only through the factoring ``(q_t ⊙ e^{b_t}) . (k_s ⊙ e^{-b_s})``. That factoring fails on
-strong gates: with ``log_g = -5`` per step, ``b`` reaches -315 over a 64-step chunk, so
+strong gates: with ``log_g = -5`` per step, ``b`` reaches -320 over a 64-step chunk, so
 ``e^{-b_s}`` overflows fp32 (largest ``e^{88.7}``) to ``inf`` while ``e^{b_t}`` underflows to 0,
 and the product is ``inf * 0 = nan``, although every true decay ``e^{b_t - b_s}`` is <= 1.
 
@@ -58,7 +58,7 @@ def _load_b(base, rows, d, BLOCK_D: tl.constexpr):
     """Rows ``rows`` of the fp64 cumulative gates ``b (Lp, d)`` (all inside: ``b`` is padded);
     columns past ``d`` read as 0."""
     cols = tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] >= 0) & (cols[None, :] < d)
+    mask = (rows[:, None] >= 0) & (cols[None, :] < d)          # the row term: a 2-D shape
     return tl.load(base + rows[:, None] * d + cols[None, :], mask=mask, other=0.0)
 
 
