@@ -1,6 +1,7 @@
 """The Triton kernels of `xfam_lib.kernels` against the library's PyTorch forms:
 `flash_attention` against `scaled_dot_product_attention`, `chunk_simple_gla` against
-`gated_linear_attention` with its gate broadcast over ``d_k``.
+`gated_linear_attention` with its gate broadcast over ``d_k``, `chunk_gla` against
+`gated_linear_attention` with one gate per key dimension.
 
 Without CUDA the kernels run in Triton's CPU interpreter: tests/conftest.py sets
 ``TRITON_INTERPRET=1`` for the whole test process, because the variable must be set before
@@ -26,7 +27,7 @@ import triton  # noqa: F401  (pinned: a missing Triton fails here, it is not ski
 
 from xfam_lib import kernels
 from xfam_lib.attention import scaled_dot_product_attention
-from xfam_lib.kernels import chunk_simple_gla, flash_attention
+from xfam_lib.kernels import chunk_gla, chunk_simple_gla, flash_attention
 from xfam_lib.linear import gated_linear_attention
 from xfam_lib.testing import assert_close, grads, randn, tolerance_for
 
@@ -179,14 +180,19 @@ def check_simple_gla(lead, length, d_k, d_v, max_decay, with_state, dtype, devic
     for name, got, want in zip(names, ker_grads, ref_grads):
         if name != "dlog_g":
             assert_close(got.cpu().to(dtype), want, name=name)
-    # dlog_g_s = sum over t >= s of (q_t . dq_t - k_t . dk_t): terms that cancel, so its
-    # rounding error follows the sum of their sizes, not the size of the result.
     dq, dk = ref_grads[:2]
     sizes = (q * dq).abs().sum(-1) + (k * dk).abs().sum(-1)
-    sizes = sizes.flip(-1).cumsum(-1).flip(-1)
-    atol, rtol = tolerance_for(ker_grads[3])
-    error = (ker_grads[3].cpu().double() - ref_grads[3]).abs()
-    allowed = atol + rtol * (ref_grads[3].abs() + sizes)
+    assert_close_d_log_g(ker_grads[3], ref_grads[3], sizes, time_dim=-1)
+
+
+def assert_close_d_log_g(got, want, sizes, time_dim):
+    """``dlog_g_s`` sums, over ``t >= s`` (along ``time_dim``), ``q_t * dq_t - k_t * dk_t``:
+    terms that cancel, so its rounding error follows the sum of their ``sizes``, not the size
+    of the result."""
+    sizes = sizes.flip(time_dim).cumsum(time_dim).flip(time_dim)
+    atol, rtol = tolerance_for(got)
+    error = (got.cpu().double() - want).abs()
+    allowed = atol + rtol * (want.abs() + sizes)
     assert (error <= allowed).all(), f"dlog_g: worst error/allowed {(error / allowed).max():.3g}"
 
 
@@ -225,6 +231,98 @@ def test_chunk_simple_gla_bad_inputs():
         chunk_simple_gla(q, q[:, :5], q, torch.zeros(2, 6))
 
 
+def check_gla(lead, length, d_k, d_v, gates, with_state, dtype, device=DEVICE, seed=0):
+    """Output, final state and all gradients of `chunk_gla` against the fp64 reference; log
+    gates uniform in ``gates = (low, high)``, drawn per step and key dimension."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(*lead, length, d_k), (*lead, length, d_k), (*lead, length, d_v)]
+    q, k, v = (randn(*s, gen=gen).to(dtype).double() for s in shapes)
+    low, high = gates
+    log_g = low + (high - low) * torch.rand(*lead, length, d_k, generator=gen,
+                                            dtype=torch.float64)
+    log_g = log_g.to(dtype).double()
+    h0 = randn(*lead, d_k, d_v, gen=gen).float().double() if with_state else None
+    inputs = [q, k, v, log_g] + ([h0] if with_state else [])
+    ref_in = [t.requires_grad_() for t in inputs]
+    ref, ref_state = gated_linear_attention(*ref_in[:4], mode="chunk",
+                                            initial_state=ref_in[4] if with_state else None,
+                                            return_final_state=True)
+    cot, cot_state = randn(*ref.shape, gen=gen).to(dtype), randn(*ref_state.shape, gen=gen)
+    ref_grads = torch.autograd.grad((ref * cot).sum() + (ref_state * cot_state).sum(), ref_in)
+
+    ker_in = [t.detach().to(device, dtype).requires_grad_() for t in inputs[:4]]
+    if with_state:
+        ker_in.append(h0.detach().to(device, torch.float32).requires_grad_())
+    out, state = chunk_gla(*ker_in[:4], initial_state=ker_in[4] if with_state else None,
+                           return_final_state=True)
+    assert out.dtype == dtype and state.dtype == torch.float32
+    atol, rtol = tolerance_for(out)
+    assert_close(out.cpu(), ref, name="output")
+    assert_close(state.cpu(), ref_state, atol=atol, rtol=rtol, name="final state")
+    loss = (out * cot.to(device)).sum() + (state * cot_state.to(device, torch.float32)).sum()
+    ker_grads = torch.autograd.grad(loss, ker_in)
+    for name, got, want in zip(("dq", "dk", "dv", "dlog_g", "d_initial_state"), ker_grads,
+                               ref_grads):
+        assert got.dtype == (torch.float32 if name == "d_initial_state" else dtype), name
+        if name != "dlog_g":
+            assert_close(got.cpu().to(dtype), want, name=name)
+    dq, dk = ref_grads[:2]
+    assert_close_d_log_g(ker_grads[3], ref_grads[3], (q * dq).abs() + (k * dk).abs(),
+                         time_dim=-2)
+
+
+# (leading dims, L, d_k, d_v, log gates' range, initial state): one chunk (64 steps, in
+# sub-chunks of 16) and several, ragged ends, head sizes that are not powers of two.
+GLA_KEY_CASES = [
+    ((2,), 17, 16, 16, (-0.5, 0.0), False),
+    ((), 100, 32, 24, (-0.5, 0.0), True),
+    ((), 1, 16, 16, (-0.5, 0.0), True),
+    ((), 40, 128, 72, (-0.5, 0.0), False),
+]
+
+
+@pytest.mark.parametrize("case", GLA_KEY_CASES, ids=str)
+def test_chunk_gla_fp32(case):
+    """The Triton chunk form of gated linear attention with a gate per key dimension (M8.13)."""
+    check_gla(*case, torch.float32)
+
+
+@pytest.mark.parametrize("gates", [(-6.0, -4.0), (-20.0, 0.0)], ids=str)
+def test_chunk_gla_strong_gates(gates):
+    """log_g near -5 per step: over a 64-step chunk ``e^{-b}`` reaches ``e^{320}``, far past
+    fp32's largest number, so the plain factoring ``(q e^{b}) . (k e^{-b})`` would give
+    ``inf * 0 = nan``; the sub-chunks' references keep every exponent <= 0. Strong and weak
+    gates mixed: decays near 1 between cumulative gates of hundreds, which fp32 alone would
+    round to a few digits."""
+    check_gla((), 70, 16, 16, gates, True, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_chunk_gla_half(dtype):
+    check_gla((), 70, 32, 32, (-0.5, 0.0), True, dtype)
+
+
+def test_chunk_gla_bad_inputs():
+    q = torch.randn(2, 6, 16)
+    with pytest.raises(ValueError, match=r"shape of k.*\(2, 6, 16\), got \(2, 6\)"):
+        chunk_gla(q, q, q, torch.zeros(2, 6))
+    with pytest.raises(ValueError, match="finite and <= 0"):
+        chunk_gla(q, q, q, torch.full((2, 6, 16), 0.1))
+    with pytest.raises(ValueError, match="finite and <= 0"):
+        chunk_gla(q, q, q, torch.full((2, 6, 16), float("nan")))
+    with pytest.raises(TypeError, match="log_g must have dtype"):
+        chunk_gla(q, q, q, torch.zeros(2, 6, 16, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"initial_state must have shape.*\(2, 16, 16\)"):
+        chunk_gla(q, q, q, torch.zeros(2, 6, 16), initial_state=torch.zeros(16, 16))
+    with pytest.raises(ValueError, match="float64"):
+        chunk_gla(q.double(), q.double(), q.double(), torch.zeros(2, 6, 16).double())
+    big = torch.randn(2, 6, 160)
+    with pytest.raises(ValueError, match="d_k=160"):
+        chunk_gla(big, big, q, torch.zeros(2, 6, 160))
+    with pytest.raises(ValueError, match="sequence length"):
+        chunk_gla(q, q[:, :5], q, torch.zeros(2, 6, 16))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("shape", [((2, 4), 1024, 1024, 64, 64, True),
@@ -238,3 +336,14 @@ def test_flash_attention_gpu_sizes(shape, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 def test_chunk_simple_gla_gpu_sizes(dtype):
     check_simple_gla((2, 4), 1000, 64, 128, 0.5, True, dtype, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_chunk_gla_gpu_sizes(dtype):
+    check_gla((2, 16), 4096, 64, 64, (-0.5, 0.0), True, dtype, device="cuda")
+
+
+@pytest.mark.gpu
+def test_chunk_gla_gpu_strong_gates():
+    check_gla((2, 4), 1000, 128, 128, (-6.0, -4.0), True, torch.float32, device="cuda")

@@ -17,7 +17,7 @@ import torch
 
 from ..utils import check_qkv, check_tensor, resolve_scale
 
-__all__ = ["chunk_simple_gla", "flash_attention"]
+__all__ = ["chunk_gla", "chunk_simple_gla", "flash_attention"]
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
@@ -143,5 +143,55 @@ def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: t
         q.reshape(batch, length, d_k).contiguous(), k.reshape(batch, length, d_k).contiguous(),
         v.reshape(batch, length, d_v).contiguous(), log_g.reshape(batch, length).contiguous(),
         h0, scale)
+    out = out.reshape(*lead, length, d_v)
+    return (out, final.reshape(*lead, d_k, d_v)) if return_final_state else out
+
+
+def chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Tensor, *,
+              scale: float | None = None, initial_state: torch.Tensor | None = None,
+              return_final_state: bool = False):
+    """Gated linear attention with one log gate per step and key dimension, chunked, in Triton:
+    ``S_t = diag(exp(log_g_t)) S_{t-1} + k_t v_t^T`` and ``o_t = scale * S_t^T q_t``.
+
+    ``q, k (..., L, d_k)``, ``v (..., L, d_v)``, ``log_g (..., L, d_k)`` (finite, ``<= 0``) →
+    ``out (..., L, d_v)``, and ``(out, final_state (..., d_k, d_v))`` with
+    ``return_final_state``: the arguments and results of
+    `xfam_lib.linear.gated_linear_attention`. ``scale=None`` means ``1/sqrt(d_k)``. fp16, bf16
+    and fp32, head sizes up to 128; products run in fp32, ``out`` has the input dtype and the
+    final state is fp32. Differentiable in ``q, k, v, log_g`` and ``initial_state``.
+    """
+    check_qkv(q, k, v, same_length=True)
+    scale = resolve_scale(scale, q.shape[-1])
+    _check_served("chunk_gla", q, k, v)
+    check_tensor("log_g", log_g, floating=True)
+    if log_g.shape != k.shape:
+        raise ValueError(f"log_g must have the shape of k (..., L, d_k) = {tuple(k.shape)}, got "
+                         f"{tuple(log_g.shape)}")
+    compute = {q.dtype, torch.float32}
+    if log_g.dtype not in compute:
+        raise TypeError(f"log_g must have dtype {q.dtype} or torch.float32, got {log_g.dtype}")
+    if not bool((torch.isfinite(log_g) & (log_g <= 0)).all()):
+        raise ValueError(f"log_g must be finite and <= 0 (log forget gates), got values in "
+                         f"[{log_g.min().item():.4g}, {log_g.max().item():.4g}]")
+    lead, length, d_k, d_v = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
+    batch = math.prod(lead)
+    if initial_state is None:
+        h0 = torch.zeros(batch, d_k, d_v, dtype=torch.float32, device=q.device)
+    else:
+        check_tensor("initial_state", initial_state, floating=True)
+        if initial_state.shape != (*lead, d_k, d_v):
+            raise ValueError(f"initial_state must have shape (..., d_k, d_v) = "
+                             f"{(*lead, d_k, d_v)}, got {tuple(initial_state.shape)}")
+        if initial_state.dtype not in compute:
+            raise TypeError(f"initial_state must have dtype {q.dtype} or torch.float32, got "
+                            f"{initial_state.dtype}")
+        h0 = initial_state.float().reshape(batch, d_k, d_v).contiguous()
+    gla = _import_kernels("_gla")
+    _check_device("chunk_gla", q.device, q.dtype, gla.INTERPRETED)
+
+    out, final = gla.ChunkGLA.apply(
+        q.reshape(batch, length, d_k).contiguous(), k.reshape(batch, length, d_k).contiguous(),
+        v.reshape(batch, length, d_v).contiguous(),
+        log_g.reshape(batch, length, d_k).contiguous(), h0, scale)
     out = out.reshape(*lead, length, d_v)
     return (out, final.reshape(*lead, d_k, d_v)) if return_final_state else out
