@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from ..ssm.selective import _check_scan_inputs
 from ..utils import check_qkv, check_tensor, resolve_scale
 
 __all__ = ["chunk_simple_gla", "flash_attention", "selective_scan"]
@@ -163,8 +164,6 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     Differentiable in every tensor input: the backward walks the recurrence in reverse,
     recomputing the states chunk by chunk from checkpoints the forward saved.
     """
-    from ..ssm.selective import _check_scan_inputs
-
     _check_scan_inputs(u, delta, A, B, C, D, z, delta_bias)
     inputs = {"u": u, "delta": delta, "A": A, "B": B, "C": C, "D": D, "z": z,
               "delta_bias": delta_bias}
@@ -178,9 +177,9 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
         raise ValueError(f"kernels.selective_scan serves state sizes N up to {MAX_STATE}, got "
                          f"N={A.shape[1]} (A {tuple(A.shape)})")
     scan = _import_kernels("_selective_scan")
-    _check_device("kernels.selective_scan", u.device, u.dtype, scan.INTERPRETED)
-    if any(t is not None and t.dtype == torch.bfloat16 for t in inputs.values()):
-        _check_device("kernels.selective_scan", u.device, torch.bfloat16, scan.INTERPRETED)
+    bf16 = any(t is not None and t.dtype == torch.bfloat16 for t in inputs.values())
+    _check_device("kernels.selective_scan", u.device, torch.bfloat16 if bf16 else u.dtype,
+                  scan.INTERPRETED)
 
     def f32(t):
         return None if t is None else t.float().contiguous()
