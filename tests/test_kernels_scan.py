@@ -62,9 +62,18 @@ def scan_inputs(batch, d_inner, length, n, b_layout, c_layout, options, gen):
 
 
 def check_scan(batch, d_inner, length, n, b_layout, c_layout, options, dtype, device=DEVICE,
-               seed=0):
+               seed=0, of_max=None):
     """Output, last state and the gradients of every input against the fp64 step loop, for
-    one random cotangent of ``y`` and of the last state."""
+    one random cotangent of ``y`` and of the last state. With ``of_max``, every comparison
+    allows ``of_max`` times the largest expected value (sums of thousands of terms at full
+    size), else the dtype's tolerance."""
+
+    def close(got, want, name, tol=None):
+        atol, rtol = tol or tolerance_for(got)
+        if of_max is not None:
+            atol = max(atol, of_max * want.abs().max().item())
+        assert_close(got.cpu(), want.cpu(), atol=atol, rtol=rtol, name=name)
+
     gen = torch.Generator().manual_seed(seed)
     tensors, flags = scan_inputs(batch, d_inner, length, n, b_layout, c_layout, options, gen)
     present = [i for i, t in enumerate(tensors) if t is not None]
@@ -80,14 +89,13 @@ def check_scan(batch, d_inner, length, n, b_layout, c_layout, options, dtype, de
     out, last = kernels.selective_scan(*ker_in, **flags, return_last_state=True)
     assert out.dtype == dtype and last.dtype == torch.float32
     assert out.device.type == torch.device(device).type
-    assert_close(out.cpu(), ref.cpu(), name="y")
-    assert_close(last.cpu(), ref_last.cpu(), atol=tolerance_for(out)[0],
-                 rtol=tolerance_for(out)[1], name="last state")
+    close(out, ref, "y")
+    close(last, ref_last, "last state", tolerance_for(out))
     loss = (out * cot.to(device)).sum() + (last * cot_last.to(device, torch.float32)).sum()
     ker_grads = torch.autograd.grad(loss, [ker_in[i] for i in present])
     for i, got, want in zip(present, ker_grads, ref_grads):
         assert got.dtype == dtype, NAMES[i]
-        assert_close(got.cpu(), want.cpu(), name=f"d{NAMES[i]}")
+        close(got, want, f"d{NAMES[i]}")
 
 
 # (batch, d_inner, L, N, B layout, C layout, options): d_inner below, above and at a multiple
@@ -160,6 +168,8 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_selective_scan_gpu_full_size(dtype):
     """Mamba's sizes: batch 2, 2048 channels, 1024 steps, N = 16, with the kernel's own
-    checkpoints every 64 steps (reference in fp64 on the GPU)."""
+    checkpoints every 64 steps (reference in fp64 on the GPU). Gradients of B and C sum 2048
+    channels, of A over 2048 steps: errors within 1e-3 (fp32, the book's scan tolerance) or
+    2e-2 (bf16) of the largest value."""
     check_scan(2, 2048, 1024, 16, "input", "input", ("D", "z", "bias", "softplus"), dtype,
-               device="cuda")
+               device="cuda", of_max=1e-3 if dtype == torch.float32 else 2e-2)
