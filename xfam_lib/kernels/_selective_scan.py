@@ -21,8 +21,8 @@ The backward runs the recurrence in reverse, carrying the gradient of the state.
 factor underflows for strong decays). So the forward saves the state every ``CHUNK`` steps
 (``N / CHUNK`` times the size of ``u``), and the backward, chunk by chunk from the end,
 recomputes the chunk's states from its checkpoint into a scratch buffer of ``CHUNK`` steps per
-channel, then walks the chunk backwards reading them: memory ``O(L / CHUNK)`` per channel and
-one extra forward pass of arithmetic, instead of all ``L`` states.
+channel, then walks the chunk backwards reading them: ``N (L / CHUNK + CHUNK)`` numbers per
+channel and one extra forward pass of arithmetic, instead of all ``N L`` states.
 """
 from __future__ import annotations
 
