@@ -140,6 +140,15 @@ def test_no_grad_and_mixed_dtypes():
     assert_close(last.cpu(), ref_last, atol=1e-5, rtol=1e-5)
 
 
+def test_a_batch_of_zero():
+    """No program instance runs: empty ``y`` and last state, empty gradients."""
+    u = torch.randn(0, 5, 7, device=DEVICE, requires_grad=True)
+    A, B = -torch.ones(5, 4, device=DEVICE), torch.randn(0, 4, 7, device=DEVICE)
+    y, last = kernels.selective_scan(u, u, A, B, B, return_last_state=True)
+    (du,) = torch.autograd.grad(y.sum() + last.sum(), u)
+    assert y.shape == (0, 5, 7) and last.shape == (0, 5, 4) and du.shape == (0, 5, 7)
+
+
 def test_bad_inputs_raise_clear_errors(monkeypatch):
     u = torch.randn(1, 4, 6)
     A, B = -torch.ones(4, 3), torch.randn(1, 3, 6)
