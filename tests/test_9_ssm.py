@@ -528,6 +528,26 @@ def test_selective_scan_factored_chunks_in_groups_M9_9(bc, group_elements, gen, 
     assert_close(x, outs[0][1].detach())
 
 
+def test_selective_scan_chunk_plan_counts_sequential_steps_M9_9(gen):
+    """mode="chunk" picks its form by sequential steps off the CPU. Mamba's decays (A = -(1..16),
+    delta = softplus(x - 2)) at L = 1024 halve the factored chunk to s <= 8, L / s >= 128 steps: the
+    loop inside chunks of ceil(sqrt(L)) = 32 takes 32 + 32 = 64 and replaces it (on the CPU, where
+    passes over memory cost more, the factored form stays). Weak decays keep factored chunks of 64
+    (16 steps) everywhere; decays no factored chunk holds take the loop form; chunk_size caps T."""
+    from xfam_lib.ssm.selective import _chunk_plan
+    L, N = 1024, 16
+    A = -torch.arange(1, N + 1, dtype=torch.float32).repeat(8, 1)
+    delta = torch.nn.functional.softplus(torch.randn(2, 8, L, generator=gen) - 2)
+    factored, loop = _chunk_plan(delta, A, 64, count_steps=False)
+    assert loop == 32 and factored is not None and math.ceil(L / factored) >= 128
+    assert _chunk_plan(delta, A, 64, count_steps=True) == (None, 32)
+    for count_steps in (False, True):
+        assert _chunk_plan(delta / 100, A, 64, count_steps) == (64, 32)
+        assert _chunk_plan(delta * 100, A, 64, count_steps) == (None, 32)
+    assert _chunk_plan(delta, A, 16, count_steps=True)[1] == 16
+    assert _chunk_plan(delta[..., :1], A, 64, count_steps=True)[1] == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_selective_scan_factored_chunks_shrink_to_fit_M9_9(dtype, gen):
     """mode="chunk" computes each chunk in closed form, x_t = E_t (e^{Am} x_in + sum_s δ_s B_s u_s / E_s) with

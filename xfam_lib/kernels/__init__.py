@@ -15,12 +15,14 @@ import math
 
 import torch
 
+from ..ssm.selective import _check_scan_inputs
 from ..utils import check_qkv, check_tensor, resolve_scale
 
-__all__ = ["chunk_gla", "chunk_simple_gla", "flash_attention"]
+__all__ = ["chunk_gla", "chunk_simple_gla", "flash_attention", "selective_scan"]
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
+MAX_STATE = 256
 
 
 def _import_kernels(module: str):
@@ -195,3 +197,44 @@ def chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Te
         log_g.reshape(batch, length, d_k).contiguous(), h0, scale)
     out = out.reshape(*lead, length, d_v)
     return (out, final.reshape(*lead, d_k, d_v)) if return_final_state else out
+
+
+def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                   C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                   delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                   return_last_state: bool = False):
+    """Mamba's selective scan, fused in Triton: one program instance per batch element and
+    block of channels, the states in registers, one pass over time.
+
+    The arguments and results of `xfam_lib.ssm.selective_scan`: ``u, delta, z (batch, d_inner,
+    L)``, real ``A (d_inner, N)``, ``B, C`` fixed ``(d_inner, N)``, input-dependent ``(batch, N,
+    L)`` or grouped ``(batch, G, N, L)``, ``D, delta_bias (d_inner,)``; returns ``y`` in ``u``'s
+    dtype, and ``(y, last_state (batch, d_inner, N))`` with ``return_last_state``. fp16, bf16
+    and fp32 inputs, ``N`` up to 256; everything runs in fp32 and the last state is fp32.
+    Differentiable in every tensor input: the backward walks the recurrence in reverse,
+    recomputing the states chunk by chunk from checkpoints the forward saved.
+    """
+    _check_scan_inputs(u, delta, A, B, C, D, z, delta_bias)
+    inputs = {"u": u, "delta": delta, "A": A, "B": B, "C": C, "D": D, "z": z,
+              "delta_bias": delta_bias}
+    for name, t in inputs.items():
+        if t is not None and t.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"kernels.selective_scan serves float16, bfloat16 and float32, got "
+                             f"{name} in {t.dtype}")
+    if not isinstance(delta_softplus, bool):
+        raise TypeError(f"delta_softplus must be a bool, got {delta_softplus!r}")
+    if A.shape[1] > MAX_STATE:
+        raise ValueError(f"kernels.selective_scan serves state sizes N up to {MAX_STATE}, got "
+                         f"N={A.shape[1]} (A {tuple(A.shape)})")
+    scan = _import_kernels("_selective_scan")
+    bf16 = any(t is not None and t.dtype == torch.bfloat16 for t in inputs.values())
+    _check_device("kernels.selective_scan", u.device, torch.bfloat16 if bf16 else u.dtype,
+                  scan.INTERPRETED)
+
+    def f32(t):
+        return None if t is None else t.float().contiguous()
+
+    y, last = scan.SelectiveScan.apply(
+        u.contiguous(), delta.contiguous(), f32(A), B.contiguous(), C.contiguous(), f32(D),
+        None if z is None else z.contiguous(), f32(delta_bias), delta_softplus)
+    return (y, last) if return_last_state else y
