@@ -1,0 +1,42 @@
+"""benchmarks/bench_kernels.py's CPU dry run: every kernel of the library checked against the fp64
+reference at tiny sizes in Triton's interpreter, every timed code path called once, nothing saved.
+
+The script runs in a subprocess because Triton's interpreter must be switched on before Triton is
+imported (the script does it on the CPU). About 6 s of CPU time, so marked slow.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xfam_lib import kernels
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ("flash_attention", "chunk_simple_gla", "chunk_gla", "selective_scan")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="Triton is pinned and tested on Linux only")
+def test_kernel_bench_dry_run_checks_every_kernel_and_saves_nothing(tmp_path):
+    out = tmp_path / "dry.json"
+    env = {**os.environ, "XFAM_BENCH_RESULTS": str(tmp_path / "results"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "benchmarks/bench_kernels.py", "--device", "cpu",
+                           "--dry-run-out", str(out)], check=False, cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not (tmp_path / "results").exists()          # a dry run saves no result
+    result = json.loads(out.read_text())
+    assert result["dry_run"] and [r["kernel"] for r in result["rows"]] == list(KERNELS)
+    for row in result["rows"]:
+        assert "error" not in row, row["error"]
+        present = hasattr(kernels, row["kernel"])
+        assert ("kernel_missing" in row) != present
+        checked = [w for w in row["correct"] if w.startswith("xfam_")]
+        if present or row["kernel"] == "selective_scan":   # the scan's PyTorch modes always run
+            assert checked and all(row["correct"][w] == "ok" for w in checked), row["correct"]
+        timed = [ms for parts in row["ms"].values() for ms in parts.values()]
+        assert timed and all(isinstance(ms, float) and ms > 0 for ms in timed), row["ms"]
