@@ -1,9 +1,11 @@
 """benchmarks/bench_kernels.py's CPU dry run: every kernel of the library checked against the fp64
-reference at tiny sizes in Triton's interpreter, every timed code path called once, nothing saved.
+reference at tiny sizes in Triton's interpreter (fla-core's GLA forms by their PyTorch references,
+called as the GPU run calls its kernels), every timed code path called once, nothing saved.
 
 The script runs in a subprocess because Triton's interpreter must be switched on before Triton is
 imported (the script does it on the CPU). About 6 s of CPU time, so marked slow.
 """
+import importlib.util
 import json
 import os
 import subprocess
@@ -38,5 +40,7 @@ def test_kernel_bench_dry_run_checks_every_kernel_and_saves_nothing(tmp_path):
         checked = [w for w in row["correct"] if w.startswith("xfam_")]
         if present or row["kernel"] == "selective_scan":   # the scan's PyTorch modes always run
             assert checked and all(row["correct"][w] == "ok" for w in checked), row["correct"]
+        if row["kernel"] in ("chunk_simple_gla", "chunk_gla") and importlib.util.find_spec("fla"):
+            assert row["correct"]["fla output"] == "ok"      # fla's naive form, in fla's layout
         timed = [ms for parts in row["ms"].values() for ms in parts.values()]
         assert timed and all(isinstance(ms, float) and ms > 0 for ms in timed), row["ms"]
