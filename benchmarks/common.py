@@ -42,6 +42,12 @@ def bench_device(description: str | None = None, argv: list[str] | None = None) 
     return resolve_device(parser.parse_args(argv).device)
 
 
+def device_label(device: torch.device | str) -> str:
+    """``"CPU"``, or the GPU's name, for plot titles."""
+    device = torch.device(device)
+    return "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
+
+
 def _sync() -> None:
     """Wait for queued CUDA work, so a wall-clock interval covers the GPU time (no-op on a CPU)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
