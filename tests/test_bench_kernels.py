@@ -17,7 +17,7 @@ import pytest
 from xfam_lib import kernels
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNELS = ("flash_attention", "chunk_simple_gla", "chunk_gla", "selective_scan")
+KERNELS = ("flash_attention", "selective_scan", "chunk_simple_gla", "chunk_gla")
 
 
 @pytest.mark.slow

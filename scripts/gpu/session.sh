@@ -42,20 +42,23 @@ if [[ ${1:-} == prepare ]]; then
   exit
 fi
 DRY=${GPU_SESSION_DRY:-}
+PY=${PYTHON:-python3}; site=${SITE:-/tmp/site}     # the Python with torch; where the wheels go
 if [[ -n $DRY ]]; then        # CPU: each part at tiny settings, the same commands and files
-  PY=${PYTHON:-python3}; device=cpu; export XFAM_GPU_TESTS_ON=cpu
+  device=cpu; export XFAM_GPU_TESTS_ON=cpu
   tests=(tests/test_gpu.py -k rope); arena=(--families softmax gla --protocol-steps 2
     --protocol-lrs 1e-3 --protocol-seeds 0 --procs 2)
   : "${KERNELS_TIMEOUT:=90}" "${TESTS_TIMEOUT:=120}" "${ARENA_TIMEOUT:=120}"
 else
-  PY=python3; device=cuda; tests=(tests); arena=(--procs "${ARENA_PROCS:-8}")
-  if ls .gpu/whl/fla_core-*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-      .gpu/whl/fla_core-*.whl .gpu/whl/einops-*.whl >/dev/null 2>&1 || echo "fla-core wheel install failed"
+  device=cuda; tests=(tests); arena=(--procs "${ARENA_PROCS:-8}")
+  wheels=$(ls .gpu/whl/fla_core-*.whl .gpu/whl/einops-*.whl 2>/dev/null)
+  if [[ $wheels == *fla_core* ]]; then      # einops: from the wheel, or the image's own
+    # shellcheck disable=SC2086
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" $wheels \
+      >/dev/null 2>&1 || echo "fla-core wheel install failed"
   else
     echo "no .gpu/whl (run 'bash scripts/gpu/session.sh prepare' and carry .gpu): fla-core is left out"
   fi
-  export PYTHONPATH=/tmp/site
+  export PYTHONPATH=$site
 fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$root:$root/exercises XFAM_BENCH_RESULTS=$OUT/results
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head -3
