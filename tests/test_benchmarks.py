@@ -1,4 +1,6 @@
-"""benchmarks/bench_kernels.py's CPU dry run: every kernel of the library checked against the fp64
+"""benchmarks/: the shared helpers' result folders and device choice, and bench_kernels.py's CPU dry run.
+
+The dry run: every kernel of the library checked against the fp64
 reference at tiny sizes in Triton's interpreter (fla-core's GLA forms by their PyTorch references,
 called as the GPU run calls its kernels), every timed code path called once, nothing saved.
 
@@ -13,11 +15,36 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from xfam_lib import kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ("flash_attention", "selective_scan", "chunk_simple_gla", "chunk_gla")
+_spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "common.py")
+common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(common)
+
+
+def test_results_go_to_results_on_the_cpu_and_to_its_cuda_folder_on_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("XFAM_BENCH_RESULTS", str(tmp_path))
+    assert common.results_dir("cpu") == tmp_path
+    assert common.results_dir("cuda") == tmp_path / "cuda"
+    monkeypatch.delenv("XFAM_BENCH_RESULTS")
+    assert common.results_dir("cpu") == ROOT / "benchmarks" / "results"
+    monkeypatch.setenv("XFAM_BENCH_RESULTS", str(tmp_path))
+    check = {"what": "a ratio", "value": 1.2, "target": "<= 1.5", "ok": True}
+    path = common.save("probe", {"checks": [check]}, device="cpu")
+    saved = json.loads(path.read_text())
+    assert path == tmp_path / "probe.json" and saved["checks"] == [check]
+    assert set(saved["machine"]) == {"torch", "threads", "python", "cpu"}    # the CPU layout, unchanged
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")
+def test_asking_for_cuda_without_it_names_the_option():
+    with pytest.raises(SystemExit, match=r"--device cuda: torch sees no CUDA device"):
+        common.bench_device(argv=["--device", "cuda"])
+    assert common.bench_device(argv=[]) == torch.device("cpu")
 
 
 @pytest.mark.slow
