@@ -30,8 +30,11 @@ pairs at one fixed width (so the state does not change along it), the width at o
 (Zoology's Figure 2), and the learning rate over three seeds at one (pairs, width) point. A fourth arm trains
 GLA with its gates started near 1 (``gate_bias``) and measures, for every GLA run, how much of a stored
 pair's contribution the gates keep from the value to its query. The runs are independent, so whole runs
-are spread over ``--procs`` worker processes (`torch.multiprocessing`, no gradient traffic); ``--speedup``
-first times a few short runs with one process and with ``--procs``. The sizes follow `utils.size_preset`
+are spread over ``--procs`` worker processes (`torch.multiprocessing`, no gradient traffic; on a GPU
+every process trains on the one device); ``--speedup`` first times a few short runs with one process and
+with ``--procs``. The file is rewritten after every run that ends, so a sweep stopped by a time limit keeps
+its finished runs, and ``--resume`` trains only the rest. On CUDA (``--device``, the default where there is
+one) the default file is ``benchmarks/results/cuda/arena_protocol.json``. The sizes follow `utils.size_preset`
 (``XFAM_SIZE_SCALE``): the CPU preset is small (``PRESETS["cpu"]``), a scale above 1 takes ``PRESETS["gpu"]``.
 """
 from __future__ import annotations
@@ -55,6 +58,7 @@ from xfam_lib.utils import size_preset
 
 OUT = Path(__file__).resolve().parent / "results" / "arena.json"
 PROTOCOL_OUT = OUT.with_name("arena_protocol.json")
+CUDA_PROTOCOL_OUT = OUT.parent / "cuda" / "arena_protocol.json"
 # Zoology's protocol, sized per preset: pairs axis at width d_fixed, width axis at pairs_fixed, the learning-rate
 # curve over seeds at (pairs_fixed, d_fixed); GLA's gate arm starts its gates near 1 (bias gate_bias)
 PRESETS = {
@@ -174,12 +178,14 @@ def gla_retention(model: ArenaLM, pairs: int, seed: int) -> dict:
     return out
 
 
-def protocol_run(spec: dict, cfg: dict) -> dict:
-    """Train one protocol run (MQAR at ``spec``'s pairs, width, learning rate and seed) and return its record."""
+def protocol_run(spec: dict, cfg: dict, device: str = "cpu") -> dict:
+    """Train one protocol run (MQAR at ``spec``'s pairs, width, learning rate and seed) on ``device`` and
+    return its record."""
     start = time.perf_counter()
     kwargs = {"gate_bias": spec["gate_bias"]} if spec["family"] == "gla" else {}
     r = train_arena(spec["family"], "mqar", spec["pairs"], d_model=spec["d_model"], steps=cfg["steps"],
-                    batch=cfg["batch"], lr=spec["lr"], seed=spec["seed"], return_model=True, **kwargs)
+                    batch=cfg["batch"], lr=spec["lr"], seed=spec["seed"], device=device, return_model=True,
+                    **kwargs)
     record = {**spec, **{k: r[k] for k in ("accuracy", "params", "state_bytes", "seq_len")},
               "loss_first": r["losses"][0], "loss_last": r["losses"][-1]}
     if spec["family"] == "gla":
@@ -187,7 +193,7 @@ def protocol_run(spec: dict, cfg: dict) -> dict:
         init = ArenaLM("gla", r["model"].head.out_features, spec["d_model"], max_len=r["seq_len"],
                        seed=spec["seed"], **kwargs)
         record["gate_init"] = gla_retention(init, spec["pairs"], spec["seed"])
-        record["gate_trained"] = gla_retention(r["model"], spec["pairs"], spec["seed"])
+        record["gate_trained"] = gla_retention(r["model"].cpu(), spec["pairs"], spec["seed"])
     record["wall_s"] = round(time.perf_counter() - start, 2)
     return record
 
@@ -200,14 +206,16 @@ def _ready(_) -> bool:
     return True
 
 
-def run_protocol(specs: list[dict], cfg: dict, procs: int, threads: int, on_result=None) -> tuple[list[dict], float]:
-    """Every spec's record, in order, and the seconds spent starting the workers; whole runs are spread
-    over ``procs`` spawned processes (1: in this one, no start-up)."""
+def run_protocol(specs: list[dict], cfg: dict, procs: int, threads: int, on_result=None,
+                 device: str = "cpu") -> tuple[list[dict], float]:
+    """Every spec's record and the seconds spent starting the workers; whole runs are spread over ``procs``
+    spawned processes (1: in this one, no start-up), each record handed to ``on_result`` as soon as its
+    run ends (in the order the runs end)."""
     if procs == 1:
         _worker_init(threads)
         out = []
         for spec in specs:
-            out.append(protocol_run(spec, cfg))
+            out.append(protocol_run(spec, cfg, device))
             if on_result:
                 on_result(out[-1])
         return out, 0.0
@@ -218,7 +226,7 @@ def run_protocol(specs: list[dict], cfg: dict, procs: int, threads: int, on_resu
         pool.map(_ready, range(procs))                  # every worker started and has imported torch
         startup = time.perf_counter() - t0
         out = []
-        for rec in pool.imap(functools.partial(protocol_run, cfg=cfg), specs):
+        for rec in pool.imap_unordered(functools.partial(protocol_run, cfg=cfg, device=device), specs):
             out.append(rec)
             if on_result:
                 on_result(rec)
@@ -248,7 +256,9 @@ def protocol_main(args) -> None:
     result = {"name": "arena_protocol", "task": "mqar", "preset": preset.name, "scale": preset.scale,
               "config": cfg, "families": list(families), "procs": args.procs, "threads_per_proc": args.threads or 1,
               "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
-              "torch": torch.__version__, "n_runs": len(specs)}
+              "device": args.device, "torch": torch.__version__, "n_runs": len(specs)}
+    if torch.device(args.device).type == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(args.device)
     if args.resume and args.out.exists() and "speedup" in json.loads(args.out.read_text()):
         result["speedup"] = json.loads(args.out.read_text())["speedup"]   # measured when the sweep began
     elif args.speedup:               # distinct seeds: the probe's runs are not the grid's
@@ -259,7 +269,7 @@ def protocol_main(args) -> None:
         wall, startup = {}, {}
         for n in (1, args.procs):
             t0 = time.perf_counter()
-            _, startup[n] = run_protocol(probe, short, n, args.threads or 1)
+            _, startup[n] = run_protocol(probe, short, n, args.threads or 1, device=args.device)
             wall[n] = time.perf_counter() - t0
         result["speedup"] = {"runs": len(probe), "steps": short["steps"], "procs": args.procs,
                              "wall_s": {str(n): round(t, 2) for n, t in wall.items()},
@@ -293,9 +303,11 @@ def protocol_main(args) -> None:
         result.update(runs=runs, best=best_runs(runs), complete=len(runs) == len(specs),
                       wall_time_s=round(time.perf_counter() - start, 1))
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+        tmp = args.out.with_suffix(".tmp")            # a kill while writing leaves the last save whole
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, args.out)
 
-    run_protocol(specs_left, cfg, args.procs, args.threads or 1, on_result=save)
+    run_protocol(specs_left, cfg, args.procs, args.threads or 1, on_result=save, device=args.device)
     save()
     print(f"wrote {args.out}: {len(runs)} runs in {result['wall_time_s']:.0f} s with {args.procs} process(es)")
 
@@ -329,8 +341,8 @@ def main() -> None:
     ap.add_argument("--protocol-seeds", type=int, nargs="+", default=None, help="--protocol: seeds")
     args = ap.parse_args()
     if args.protocol:
-        if args.out == OUT:
-            args.out = PROTOCOL_OUT
+        if args.out == OUT:           # a GPU's sweep (the GPU preset) beside the other GPU results
+            args.out = PROTOCOL_OUT if torch.device(args.device).type == "cpu" else CUDA_PROTOCOL_OUT
         protocol_main(args)
         return
     if args.threads:

@@ -5,6 +5,7 @@ in [-0.1, 0] (a typical forget rate). Target: the chunk form is at least 10x fas
 loop. The chunk sizes 8 to 256 are timed three times each (after a warm-up); the one with the lowest median is then
 compared with the recurrent mode over five interleaved pairs (median ratio). Both modes give the same output and final state.
 Plot: time per chunk size, with the recurrent time as a line.
+``--device cuda`` runs the same measurement on a GPU and writes ``results/cuda/gla.json``.
 """
 import statistics
 
@@ -14,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from common import fastest_chunk_size, interleaved_times, paired_ratio, save
+from common import bench_device, device_label, fastest_chunk_size, interleaved_times, paired_ratio, save
 from xfam_lib.linear import gated_linear_attention
 from xfam_lib.testing import assert_close
 
@@ -24,10 +25,10 @@ CHUNKS = [8, 16, 32, 64, 128, 256]
 
 
 @torch.no_grad()
-def main():
+def main(device: torch.device):
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, H, L, D, generator=gen) for _ in range(3))
-    log_g = -0.1 * torch.rand(B, H, L, D, generator=gen)
+    q, k, v = (torch.randn(B, H, L, D, generator=gen).to(device) for _ in range(3))
+    log_g = (-0.1 * torch.rand(B, H, L, D, generator=gen)).to(device)
 
     def run(mode, chunk_size=64):
         return gated_linear_attention(q, k, v, log_g, mode=mode, chunk_size=chunk_size, return_final_state=True)
@@ -47,11 +48,11 @@ def main():
     ax.axhline(statistics.median(times["recurrent"]), color="C3", label="recurrent mode")
     ax.set_xlabel("chunk size")
     ax.set_ylabel("seconds")
-    ax.set_title(f"GLA, L={L}, CPU: chunk {speedup:.1f}x faster than recurrent")
+    ax.set_title(f"GLA, L={L}, {device_label(device)}: chunk {speedup:.1f}x faster than recurrent")
     ax.legend(fontsize=8)
     save("gla", {"shape": [B, H, L, D], "log_gate_range": [-0.1, 0.0], "seconds_per_chunk_size": per_chunk,
-                 "best_chunk_size": best, "times_s": times, "speedup": speedup, "checks": checks}, fig)
+                 "best_chunk_size": best, "times_s": times, "speedup": speedup, "checks": checks}, fig, device)
 
 
 if __name__ == "__main__":
-    main()
+    main(bench_device(__doc__.split("\n")[0]))

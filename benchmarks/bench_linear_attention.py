@@ -8,6 +8,7 @@ beats PyTorch's causal SDPA from a crossover length L* that this script measures
 L from which it stays faster); its peak memory grows linearly in L (peak bytes per token within 25%
 of each other over the sweep). Chunk and recurrent give the same output (checked at L = 4096). Ratios
 are medians over interleaved pairs. Plot: time vs L for the chunk form and SDPA, and peak memory vs L.
+``--device cuda`` runs the same measurement on a GPU and writes ``results/cuda/linear_attention.json``.
 """
 import statistics
 
@@ -18,7 +19,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from common import fastest_chunk_size, interleaved_times, paired_ratio, save
+from common import bench_device, device_label, fastest_chunk_size, interleaved_times, paired_ratio, save
 from xfam_lib.bench import peak_memory
 from xfam_lib.linear import linear_attention
 from xfam_lib.testing import assert_close
@@ -29,9 +30,9 @@ CHUNKS = [16, 32, 64, 128, 256]
 LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192]
 
 
-def inputs(length, seed=0):
+def inputs(length, seed=0, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, length, D, generator=gen) for _ in range(3)]
+    return [torch.randn(B, H, length, D, generator=gen).to(device) for _ in range(3)]
 
 
 def chunk(q, k, v, chunk_size=64):
@@ -47,8 +48,8 @@ def sdpa(q, k, v):
 
 
 @torch.no_grad()
-def main():
-    q, k, v = inputs(L_MAIN)
+def main(device: torch.device):
+    q, k, v = inputs(L_MAIN, device=device)
     best, per_chunk = fastest_chunk_size(lambda c: chunk(q, k, v, c), CHUNKS)
     assert_close(chunk(q, k, v, best), recurrent(q, k, v), name="chunk vs recurrent at L=4096")
     times_main = interleaved_times({"chunk": lambda: chunk(q, k, v, best), "recurrent": lambda: recurrent(q, k, v)},
@@ -57,12 +58,12 @@ def main():
 
     sweep = {}
     for length in LENGTHS:
-        x = inputs(length)
+        x = inputs(length, device=device)
         t = interleaved_times({"chunk": lambda: chunk(*x, best), "sdpa": lambda: sdpa(*x)}, repeats=5)
         sweep[length] = {"chunk_s": statistics.median(t["chunk"]), "sdpa_s": statistics.median(t["sdpa"]),
                          "sdpa_over_chunk": paired_ratio(t, "sdpa", "chunk"),
-                         "chunk_peak_bytes": peak_memory(lambda: chunk(*x, best)),
-                         "sdpa_peak_bytes": peak_memory(lambda: sdpa(*x))}
+                         "chunk_peak_bytes": peak_memory(lambda: chunk(*x, best), device),
+                         "sdpa_peak_bytes": peak_memory(lambda: sdpa(*x), device)}
     faster = [length for length in LENGTHS if sweep[length]["sdpa_over_chunk"] > 1]
     crossover = next((length for length in LENGTHS if all(m in faster for m in LENGTHS if m >= length)), None)
     per_token = [sweep[length]["chunk_peak_bytes"] / length for length in LENGTHS]
@@ -91,13 +92,13 @@ def main():
     ax2.set_xlabel("sequence length L")
     ax2.set_ylabel("peak MiB allocated")
     ax2.legend(fontsize=8)
-    fig.suptitle(f"Causal linear attention on this CPU: chunk {vs_recurrent:.0f}x faster than recurrent at L={L_MAIN}")
+    fig.suptitle(f"Causal linear attention on this {device_label(device)}: chunk {vs_recurrent:.0f}x faster than recurrent at L={L_MAIN}")
     save("linear_attention", {"shape": [B, H, L_MAIN, D], "seconds_per_chunk_size": {str(c): t for c, t in per_chunk.items()},
                               "chunk_size": best, "times_s": times_main,
                               "chunk_vs_recurrent": vs_recurrent, "sweep": {str(n): r for n, r in sweep.items()},
                               "crossover_length": crossover, "peak_bytes_per_token_spread": memory_spread,
-                              "checks": checks}, fig)
+                              "checks": checks}, fig, device)
 
 
 if __name__ == "__main__":
-    main()
+    main(bench_device(__doc__.split("\n")[0]))

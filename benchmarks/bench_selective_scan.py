@@ -17,6 +17,7 @@ cumulative sum, see `xfam_lib.ssm.selective._factored_chunk_scan`), about ten pa
 a division and a cumulative sum per state entry dominate. Mamba's fused GPU kernel keeps the state in on-chip memory
 and never writes those tensors. (SSD's scalar decay turns the chunk work into matrix products
 instead: see ``bench_ssd.py``.)
+``--device cuda`` runs the same measurement on a GPU and writes ``results/cuda/selective_scan.json``.
 """
 import statistics
 
@@ -26,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from common import interleaved_times, paired_ratio, save
+from common import bench_device, interleaved_times, paired_ratio, save
 from xfam_lib.ssm import selective_scan
 from xfam_lib.testing import assert_close
 
@@ -38,20 +39,20 @@ MODES = {"sequential": dict(mode="sequential"), "chunk 32": dict(mode="chunk", c
 SCAN_RTOL = 1e-3
 
 
-def inputs(length, dtype=torch.float32):
+def inputs(length, dtype=torch.float32, device="cpu"):
     g = torch.Generator().manual_seed(0)
     u = torch.randn(BATCH, D_INNER, length, generator=g)
     delta = 0.1 * torch.rand(BATCH, D_INNER, length, generator=g)
     A = -torch.exp(torch.randn(D_INNER, N, generator=g))
     B = torch.randn(BATCH, N, length, generator=g)
     C = torch.randn(BATCH, N, length, generator=g)
-    return [t.to(dtype) for t in (u, delta, A, B, C)]
+    return [t.to(device, dtype) for t in (u, delta, A, B, C)]
 
 
 @torch.no_grad()
-def main():
-    args = inputs(L)
-    reference = selective_scan(*inputs(L, torch.float64))
+def main(device: torch.device):
+    args = inputs(L, device=device)
+    reference = selective_scan(*inputs(L, torch.float64, device))
     errors = {}
     for name, kw in MODES.items():
         y = selective_scan(*args, **kw)
@@ -70,7 +71,7 @@ def main():
     lengths = [256, 512, 1024, 2048]
     sweep = {}
     for length in lengths:
-        a = inputs(length)
+        a = inputs(length, device=device)
         t = interleaved_times({"sequential": lambda: selective_scan(*a),
                                fastest: lambda: selective_scan(*a, **MODES[fastest])}, repeats=3, warmup=1)
         sweep[length] = {name: statistics.median(v) for name, v in t.items()}
@@ -92,8 +93,8 @@ def main():
                             "median_s": medians, "times_s": times, "fastest": fastest, "speedup": speedup,
                             "max_abs_error_vs_fp64_loop": errors,
                             "max_abs_diff_fastest_vs_sequential_fp32": chunk_vs_loop.abs().max().item(),
-                            "sweep_median_s": sweep, "checks": checks}, fig)
+                            "sweep_median_s": sweep, "checks": checks}, fig, device)
 
 
 if __name__ == "__main__":
-    main()
+    main(bench_device(__doc__.split("\n")[0]))

@@ -6,6 +6,7 @@ One layer's scalar-decay SSM (batch 1, 4 heads of width P 32, N 32, chunk 64), f
 checked against an fp64 `ssd_scan` at L = 1024 with the scan tolerance of the book's conventions
 (fp32, 1e-3 relative). Check, in the direction of Dao & Gu 2024: the chunked algorithm beats the
 sequential scan at the largest L, by more than at the smallest. Single-threaded.
+``--device cuda`` runs the same measurement on a GPU and writes ``results/cuda/ssd.json``.
 """
 import statistics
 
@@ -15,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from common import interleaved_times, save
+from common import bench_device, interleaved_times, save
 from xfam_lib.ssm import ssd_attention_form, ssd_chunked, ssd_scan
 from xfam_lib.testing import assert_close
 
@@ -25,27 +26,27 @@ ATTENTION_MAX = 2048
 SCAN_RTOL = 1e-3
 
 
-def inputs(length, dtype=torch.float32):
+def inputs(length, dtype=torch.float32, device="cpu"):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, length, H, P, generator=g)
     a = -0.1 * torch.rand(1, length, H, generator=g)
     B = torch.randn(1, length, H, N, generator=g) / N ** 0.5
     C = torch.randn(1, length, H, N, generator=g) / N ** 0.5
-    return [t.to(dtype) for t in (x, a, B, C)]
+    return [t.to(device, dtype) for t in (x, a, B, C)]
 
 
 @torch.no_grad()
-def main():
+def main(device: torch.device):
     torch.set_num_threads(1)
-    reference = ssd_scan(*inputs(1024, torch.float64)).float()
+    reference = ssd_scan(*inputs(1024, torch.float64, device)).float()
     tol = dict(atol=SCAN_RTOL * reference.abs().max().item(), rtol=SCAN_RTOL)
-    args = inputs(1024)
+    args = inputs(1024, device=device)
     for name, fn in (("scan", ssd_scan), ("attention", ssd_attention_form),
                      ("chunked", lambda *a: ssd_chunked(*a, chunk_size=CHUNK))):
         assert_close(fn(*args), reference, name=f"{name} vs fp64 scan", **tol)
     medians = {}
     for length in LENGTHS:
-        a = inputs(length)
+        a = inputs(length, device=device)
         fns = {"scan": lambda: ssd_scan(*a), "chunked": lambda: ssd_chunked(*a, chunk_size=CHUNK)}
         if length <= ATTENTION_MAX:
             fns["attention"] = lambda: ssd_attention_form(*a)
@@ -70,8 +71,8 @@ def main():
     ax.set_title(f"SSD, {H} heads, P={P}, N={N}: chunked {ratio[last]:.0f}x faster at L={last}")
     ax.legend()
     save("ssd", {"shape": dict(heads=H, P=P, N=N, chunk=CHUNK), "threads": 1, "median_s": medians,
-                 "chunked_speedup_vs_scan": ratio, "checks": checks}, fig)
+                 "chunked_speedup_vs_scan": ratio, "checks": checks}, fig, device)
 
 
 if __name__ == "__main__":
-    main()
+    main(bench_device(__doc__.split("\n")[0]))

@@ -1,25 +1,63 @@
-"""Shared helpers for the benchmark scripts: interleaved timing and result files.
+"""Shared helpers for the benchmark scripts: the device, timing, and result files.
 
 Every ``bench_*.py`` writes ``results/<name>.json`` (numbers, target, machine) and ``results/<name>.png``.
+The scripts that take ``--device cuda`` write to ``results/cuda/`` instead, with the GPU's name and the
+torch, Triton and fla-core versions in ``machine``; ``--device cpu`` is the default, so the saved CPU
+results keep their meaning. ``XFAM_BENCH_RESULTS=<folder>`` writes under another folder (a dry run, or
+a GPU session that must bring its files back).
 """
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def add_device_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where to run (default cpu; cuda writes results/cuda/<name>.json)")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``torch.device(name)``; exit with a clear message when CUDA is asked for and absent."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
+    return torch.device(name)
+
+
+def bench_device(description: str | None = None, argv: list[str] | None = None) -> torch.device:
+    """The device of a script whose only option is ``--device cpu|cuda``."""
+    parser = argparse.ArgumentParser(description=description)
+    add_device_arg(parser)
+    return resolve_device(parser.parse_args(argv).device)
+
+
+def device_label(device: torch.device | str) -> str:
+    """``"CPU"``, or the GPU's name, for plot titles."""
+    device = torch.device(device)
+    return "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
+
+
+def _sync() -> None:
+    """Wait for queued CUDA work, so a wall-clock interval covers the GPU time (no-op on a CPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def interleaved_times(fns: dict[str, Callable[[], object]], *, repeats: int = 9,
                       warmup: int = 1) -> dict[str, list[float]]:
     """Wall times of each function, run in turn (a, b, a, b, ...; the order flips every round) so that
-    drifts in machine load hit every function alike."""
+    drifts in machine load hit every function alike. On CUDA each interval ends with a synchronize."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -27,10 +65,20 @@ def interleaved_times(fns: dict[str, Callable[[], object]], *, repeats: int = 9,
     names = list(fns)
     for r in range(repeats):
         for name in (names if r % 2 == 0 else names[::-1]):
+            _sync()
             start = time.perf_counter()
             fns[name]()
+            _sync()
             times[name].append(time.perf_counter() - start)
     return times
+
+
+def cuda_ms(fn: Callable[[], object], *, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median milliseconds of ``fn()`` on the GPU by `triton.testing.do_bench` (CUDA events, the L2 cache
+    flushed before every run)."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
 def fastest_chunk_size(run: Callable[[int], object], sizes) -> tuple[int, dict[int, float]]:
@@ -38,7 +86,7 @@ def fastest_chunk_size(run: Callable[[int], object], sizes) -> tuple[int, dict[i
     median and ``{size: median seconds}``."""
     medians = {}
     for size in sizes:
-        medians[size] = statistics.median(interleaved_times({"run": lambda: run(size)}, repeats=3)["run"])
+        medians[size] = statistics.median(interleaved_times({"run": lambda size=size: run(size)}, repeats=3)["run"])
     return min(medians, key=medians.get), medians
 
 
@@ -47,19 +95,39 @@ def paired_ratio(times: dict[str, list[float]], num: str, den: str) -> float:
     return statistics.median(a / b for a, b in zip(times[num], times[den]))
 
 
-def machine() -> dict:
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
-            "cpu": platform.processor() or platform.machine()}
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
-def save(name: str, result: dict, fig=None) -> Path:
-    """Write ``results/<name>.json`` (and the figure as ``results/<name>.png``); print a one-line summary."""
-    RESULTS.mkdir(exist_ok=True)
-    result = {"name": name, **result, "machine": machine()}
-    path = RESULTS / f"{name}.json"
+def machine(device: torch.device | str = "cpu") -> dict:
+    """The CPU's description; on CUDA also the GPU's name and the CUDA, Triton and fla-core versions."""
+    out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
+           "cpu": platform.processor() or platform.machine()}
+    if torch.device(device).type == "cuda":
+        out.update(device=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
+                   triton=_version("triton"), fla=_version("fla-core"))
+    return out
+
+
+def results_dir(device: torch.device | str = "cpu") -> Path:
+    """``results/`` (or ``$XFAM_BENCH_RESULTS``) for the CPU, its ``cuda/`` folder for a GPU."""
+    root = Path(os.environ.get("XFAM_BENCH_RESULTS") or RESULTS)
+    return root / "cuda" if torch.device(device).type == "cuda" else root
+
+
+def save(name: str, result: dict, fig=None, device: torch.device | str = "cpu") -> Path:
+    """Write ``<results_dir>/<name>.json`` (and the figure as ``<name>.png``); print a one-line summary
+    per check."""
+    folder = results_dir(device)
+    folder.mkdir(parents=True, exist_ok=True)
+    result = {"name": name, **result, "machine": machine(device)}
+    path = folder / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     if fig is not None:
-        fig.savefig(RESULTS / f"{name}.png", dpi=100, bbox_inches="tight")   # the book's dpi (plots.STYLE)
+        fig.savefig(folder / f"{name}.png", dpi=100, bbox_inches="tight")   # the book's dpi (plots.STYLE)
     for check in result.get("checks", []):
         print(f"{name}: {check['what']} = {check['value']:.3g} (target {check['target']}) "
               f"{'OK' if check['ok'] else 'MISSED'}")

@@ -1,10 +1,12 @@
 """Run every ``benchmarks/bench_*.py`` (each in its own process) and summarise their checks.
 
-Usage: ``python benchmarks/run_all.py [name-filter]``. Results: ``benchmarks/results/*.json`` and ``*.png``.
+Usage: ``python benchmarks/run_all.py [name-filter] [--device cuda]``. Results: ``benchmarks/results/*.json``
+and ``*.png``; with ``--device cuda`` only the scripts that take ``--device`` run, into ``results/cuda/``.
 Exit status 1 if a script fails; a missed target is reported but is not a failure (timings vary by machine).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -15,17 +17,24 @@ HERE = Path(__file__).resolve().parent
 
 
 def main(argv: list[str]) -> int:
-    pattern = argv[1] if len(argv) > 1 else ""
-    scripts = sorted(p for p in HERE.glob("bench_*.py") if pattern in p.stem)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("pattern", nargs="?", default="", help="run the scripts whose name holds this")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    args = parser.parse_args(argv[1:])
+    scripts = sorted(p for p in HERE.glob("bench_*.py") if args.pattern in p.stem)
+    if args.device == "cuda":          # the scripts wired for a GPU (common.add_device_arg / bench_device)
+        scripts = [p for p in scripts if "bench_device" in p.read_text() or "add_device_arg" in p.read_text()]
     failed = []
     for script in scripts:
         print(f"=== {script.name}", flush=True)
         start = time.perf_counter()
-        if subprocess.run([sys.executable, str(script)], cwd=HERE.parent).returncode != 0:
+        cmd = [sys.executable, str(script)] + (["--device", "cuda"] if args.device == "cuda" else [])
+        if subprocess.run(cmd, cwd=HERE.parent).returncode != 0:
             failed.append(script.name)
         print(f"    ({time.perf_counter() - start:.1f} s)", flush=True)
     print("\n=== summary")
-    for path in sorted((HERE / "results").glob("*.json")):
+    folder = HERE / "results" / ("cuda" if args.device == "cuda" else "")
+    for path in sorted(folder.glob("*.json")):
         result = json.loads(path.read_text())
         for check in result.get("checks", []):
             print(f"{result['name']:<22} {check['what']:<48} {check['value']:>8.3g}  target {check['target']:<8} "
