@@ -111,7 +111,10 @@ _GATES = ("residual", "gru")
 
 
 class GTrXLBlock(nn.Module):
-    """One GTrXL layer ``(B, L, d) -> (B, L, d)``: causal self-attention, then a feed-forward network.
+    """One layer of the Transformer-XL family that Parisotto et al. compare, ``(B, L, d) -> (B, L, d)``:
+    causal self-attention, then a feed-forward network. The defaults (``gate="gru"``, ``reorder=True``)
+    give a GTrXL layer, but without the relative position encoding of the paper's layers: order reaches
+    the block only through its input.
 
     ``reorder=True`` (identity-map reordering): each sub-layer reads ``LN(x)`` and its output ``y``
     (after a ReLU when ``relu``) is merged into the untouched stream, ``x <- gate(x, y)``:
