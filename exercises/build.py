@@ -461,16 +461,32 @@ def grading_wheel() -> Path:
     return _wheel("xfam_grading", EXERCISES)
 
 
-def grading_requirements(folder: str) -> list[str]:
+def grading_requirements(folder: str, triton: bool = False) -> list[str]:
     """The autograder's Python packages: otter with its grading extras (a kernel), CPU torch and xfam_lib's
-    other dependencies pinned from the lock file, and the xfam_lib and xfam_grading wheels (in ``folder``)."""
+    other dependencies pinned from the lock file, Triton (pinned too) when ``triton`` (a notebook that
+    writes Triton kernels, graded in Triton's CPU interpreter), and the xfam_lib and xfam_grading wheels
+    (in ``folder``)."""
     lock = ROOT / "requirements-lock.txt"
     otter = otter_requirement().replace("otter-grader==", "otter-grader[grading]==")
     wheels = [f"{folder}/{w.name}" for w in (xfam_lib_wheel(), grading_wheel())]
-    return [TORCH_INDEX, otter, *(_pin(p, lock) for p in WHEEL_DEPENDENCIES), *wheels]
+    kernels = [_pin("triton", lock)] if triton else []
+    return [TORCH_INDEX, otter, *(_pin(p, lock) for p in WHEEL_DEPENDENCIES), *kernels, *wheels]
 
 
-def _finish_zip(zip_path: Path, autograder_dir: Path, config: dict) -> None:
+def imports_triton(cells: list[str]) -> bool:
+    """Whether any of these code cells imports ``triton`` (then the autograder installs it)."""
+    import ast
+
+    for source in cells:
+        for node in ast.walk(ast.parse(source)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name.split(".")[0] == "triton" for name in names):
+                return True
+    return False
+
+
+def _finish_zip(zip_path: Path, autograder_dir: Path, config: dict, triton: bool = False) -> None:
     """Add the plugin, the pinned requirements and the xfam_lib and xfam_grading wheels to otter's autograder zip."""
     import yaml
 
@@ -483,11 +499,11 @@ def _finish_zip(zip_path: Path, autograder_dir: Path, config: dict) -> None:
     environment = yaml.safe_load(files["environment.yml"])
     pip = next(d for d in environment["dependencies"] if isinstance(d, dict) and "pip" in d)
     pip["pip"] = [r for r in pip["pip"] if r.startswith("otter-grader")] + \
-        [r for r in grading_requirements("/autograder/source") if not r.startswith("otter-grader")]
+        [r for r in grading_requirements("/autograder/source", triton) if not r.startswith("otter-grader")]
     files["environment.yml"] = yaml.safe_dump(environment, sort_keys=False).encode()
     files["requirements.txt"] = ("# What environment.yml installs (otter grade and Gradescope build from that file).\n"
                                  "# For a plain venv, run pip in the unzipped folder: pip install -r requirements.txt\n"
-                                 + "\n".join(grading_requirements(".")) + "\n").encode()
+                                 + "\n".join(grading_requirements(".", triton)) + "\n").encode()
     for wheel in (xfam_lib_wheel(), grading_wheel()):
         files[wheel.name] = wheel.read_bytes()
     tmp = zip_path.with_suffix(".tmp")
@@ -534,8 +550,9 @@ def assign(chapter: str, out_dir: Path, master: Path | None = None) -> Built:
     if len(zips) != 1:
         raise RuntimeError(f"otter assign made {len(zips)} autograder zips in {out_dir / 'autograder'}")
     zip_path = zips[0].rename(out_dir / "autograder" / f"{chapter}_exercises-autograder.zip")
-    config = judge_config(chapter, questions, library_imports(program_cells(student_nb, chapter)))
-    _finish_zip(zip_path, out_dir / "autograder", config)
+    cells = program_cells(student_nb, chapter)
+    config = judge_config(chapter, questions, library_imports(cells))
+    _finish_zip(zip_path, out_dir / "autograder", config, imports_triton(cells))
     student_config = dict(config, parts=[q.name for q in questions])          # for grader.check's off-limits scan
     (out_dir / "student" / "tests" / CONFIG_FILE).write_text(json.dumps(student_config, indent=1) + "\n",
                                                               encoding="utf-8")

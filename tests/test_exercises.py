@@ -599,3 +599,20 @@ def test_every_name_a_question_uses_is_defined():
     env = {}
     exec(compile(build.program_cells(nb, "ch11")[0], "<ch11 imports>", "exec"), env)
     assert env["PAD"] == 0 and env["BOS"] == 1
+
+
+def test_ch03_autograder_installs_triton(built):
+    """ch03 q6b writes a Triton kernel, graded in Triton's CPU interpreter: its autograder pins triton from the
+    lock file; a notebook that does not import triton does not get it."""
+    import zipfile
+
+    assert build.imports_triton(["import math", "import triton.language as tl"])
+    assert build.imports_triton(["from triton import cdiv"])
+    assert not build.imports_triton(["import torch  # not triton", "name = 'import triton'"])
+    pin = next(line.split("#")[0].strip() for line in (ROOT / "requirements-lock.txt").read_text().splitlines()
+               if line.startswith("triton=="))
+    assert pin in build.grading_requirements(".", triton=True)
+    assert not any(r.startswith("triton") for r in build.grading_requirements("."))
+    with zipfile.ZipFile(built("ch03").zip_path) as zf:
+        assert pin in zf.read("requirements.txt").decode().splitlines()
+        assert f"- {pin}" in zf.read("environment.yml").decode()

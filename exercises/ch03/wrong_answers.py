@@ -9,6 +9,8 @@ to every part themselves (an exception and an endless loop), so they are not lis
 import math
 
 import torch
+import triton
+import triton.language as tl
 
 TAMPER_BASE = "off_by_one"
 
@@ -279,6 +281,101 @@ def tp_local_heads_no_check(n_heads, n_kv_heads, world_size):
     return n_heads // world_size, max(n_kv_heads // world_size, 1), n_heads // n_kv_heads   # never raises
 
 
+# ----------------------------------------------------------------------------- q6b: the kernel's key loop
+@triton.jit
+def load_rows(base, rows, n_rows, D: tl.constexpr):
+    """The notebook's given load (the wrong loops below call it, as the student's does)."""
+    cols = tl.arange(0, D)
+    return tl.load(base + rows[:, None] * D + cols[None, :], mask=rows[:, None] < n_rows, other=0.0)
+
+
+@triton.jit
+def _key_loop(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, D: tl.constexpr, RESCALE: tl.constexpr = True, KEEP_MAX: tl.constexpr = True,
+              BASE_2: tl.constexpr = True, DIAGONAL: tl.constexpr = True, ALIGNED: tl.constexpr = True,
+              RAGGED: tl.constexpr = True, GUARD: tl.constexpr = True):
+    """The right loop, with one mistake switched on by each flag set to False."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start in range(0, len_k, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        k = load_rows(k_base, cols, len_k, D)
+        v = load_rows(v_base, cols, len_k, D)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        visible = cols[None, :] < len_k
+        if not RAGGED:                                     # forgets the keys past len_k
+            visible = cols[None, :] >= 0
+        shift = len_k - len_q if ALIGNED else 0             # top-left causal alignment
+        if CAUSAL:
+            if DIAGONAL:
+                visible = visible & (cols[None, :] <= rows[:, None] + shift)
+            else:                                           # off by one: the diagonal key hidden
+                visible = visible & (cols[None, :] < rows[:, None] + shift)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        if GUARD:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:                                               # -inf - (-inf) = NaN for a row with no key
+            m_use = m_new
+        if BASE_2:
+            p = tl.exp2(s - m_use[:, None])
+            alpha = tl.exp2(m - m_use)
+        else:                                               # base e on base-2 scores
+            p = tl.exp(s - m_use[:, None])
+            alpha = tl.exp(m - m_use)
+        l = l * alpha + tl.sum(p, 1)
+        if RESCALE:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:                                               # the accumulator never rescaled
+            acc = acc + tl.dot(p, v, input_precision="ieee")
+        if KEEP_MAX:
+            m = m_new                                       # else: the running max never updated
+    return acc, m, l
+
+
+@triton.jit
+def key_loop_no_rescale(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    return _key_loop(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, D, RESCALE=False)
+
+
+@triton.jit
+def key_loop_stale_max(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    return _key_loop(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, D, KEEP_MAX=False)
+
+
+@triton.jit
+def key_loop_base_e(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    return _key_loop(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, D, BASE_2=False)
+
+
+@triton.jit
+def key_loop_off_by_one(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    return _key_loop(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, D, DIAGONAL=False)
+
+
+@triton.jit
+def key_loop_top_left(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    return _key_loop(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, D, ALIGNED=False)
+
+
+@triton.jit
+def key_loop_ragged_keys(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    return _key_loop(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, D, RAGGED=False)
+
+
+@triton.jit
+def key_loop_no_guard(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    return _key_loop(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, D, GUARD=False)
+
+
 WRONG_ANSWERS = {
     "q1a": {
         "ignores_mean": ({"qk_variance": qk_variance_ignores_mean}, "expected"),
@@ -332,7 +429,7 @@ WRONG_ANSWERS = {
         "off_by_one": ({"tp_local_heads": tp_local_heads_swapped}, "expected"),
         "no_check": ({"tp_local_heads": tp_local_heads_no_check}, "ValueError"),
     },
-    "q6": {
+    "q6a": {
         "materialises": ({"tiled_attention": tiled_materialises}, "memory budget"),
         "fused_kernel": ({"tiled_attention": tiled_fused}, "fused attention"),
         "no_rescale": ({"tiled_attention": tiled_no_rescale}, "max abs error"),
@@ -340,5 +437,14 @@ WRONG_ANSWERS = {
         "wrong_shape": ({"tiled_attention": tiled_wrong_shape}, "shape"),
         "nan": ({"tiled_attention": tiled_nan}, "NaN"),
         "off_by_one": ({"tiled_attention": tiled_off_by_one_scale}, "max abs error"),
+    },
+    "q6b": {
+        "no_rescale": ({"flash_key_loop": key_loop_no_rescale}, "not rescaled"),
+        "stale_max": ({"flash_key_loop": key_loop_stale_max}, "infinite"),
+        "base_e": ({"flash_key_loop": key_loop_base_e}, "tl.exp2"),
+        "off_by_one": ({"flash_key_loop": key_loop_off_by_one}, "hides the diagonal"),
+        "top_left_causal": ({"flash_key_loop": key_loop_top_left}, "top-left"),
+        "ragged_keys": ({"flash_key_loop": key_loop_ragged_keys}, "padding"),
+        "nan": ({"flash_key_loop": key_loop_no_guard}, "NaN"),
     },
 }

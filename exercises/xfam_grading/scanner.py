@@ -128,7 +128,7 @@ _DUNDER_OK = {"__init__", "__name__", "__qualname__", "__doc__", "__call__", "__
               "__exit__", "__version__", "__add__", "__mul__", "__matmul__", "__post_init__"}
 # What a submission may import: the standard library and the packages of the grading environment.
 # Names of xfam_lib are allowed one by one (`allowlist`); these are always allowed.
-PACKAGES = ("torch", "numpy", "matplotlib", "mpl_toolkits", "tqdm", "ipywidgets", "IPython", "xfam_lib",
+PACKAGES = ("torch", "numpy", "matplotlib", "mpl_toolkits", "tqdm", "ipywidgets", "IPython", "triton", "xfam_lib",
             "xfam_grading", "otter")
 LIBRARY_ALWAYS = ("xfam_lib.utils", "xfam_lib.plots", "xfam_lib.testing")
 

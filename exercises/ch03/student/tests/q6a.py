@@ -2,11 +2,11 @@ from otter.test_files import test_case
 
 OK_FORMAT = False
 
-name = "q6"
+name = "q6a"
 points = [0]
 
 @test_case(points=None, hidden=False)
-def test_q6_public(tiled_attention):
+def test_q6a_public(tiled_attention):
     import math
     import torch
     import torch.nn.functional as F
