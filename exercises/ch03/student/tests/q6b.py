@@ -73,3 +73,16 @@ def test_q6b_public(flash_key_loop, flash_attention_forward):
         return [why for why, mistake in named if torch.allclose(out.double(), loop(**mistake), atol=0.0001)]
     check_cases('ragged, causal both ways', params=[{'leading dims': lead, 'Lq': lq, 'Lk': lk, 'D': d, 'causal': causal} for lead, lq, lk, d, causal in (((1,), 20, 50, 16, False), ((1,), 24, 40, 16, True), ((1,), 30, 20, 16, True))], make_case=make_case, submission=submission, reference=reference, compare=compare)
 
+    def launches_key_loop(c):
+        other = flash_attention_forward.__globals__.get('load_rows')
+        try:
+            flash_attention_forward(c['q'], c['q'], c['q'], other, causal=False)
+        except Exception:
+            return {'breaks': True}
+        return {'breaks': False}
+
+    def launch_compare(c, got, expected):
+        if got != expected:
+            raise AssertionError('flash_attention_forward must launch flash_forward_kernel with key_loop as its inner loop (leave the given launch as it is): with another function passed as key_loop it still returned a result')
+    check_cases('the launch runs your loop', params=[{'Lq': 20}], make_case=lambda p: {'q': torch.randn(1, p['Lq'], 16)}, submission=launches_key_loop, reference=lambda c: {'breaks': True}, compare=launch_compare)
+
