@@ -23,7 +23,7 @@ import torch
 
 if sys.platform != "linux":
     pytest.skip("Triton is pinned and tested on Linux only", allow_module_level=True)
-import triton  # noqa: F401  (pinned: a missing Triton fails here, it is not skipped)
+import triton  # pinned: a missing Triton fails here, it is not skipped
 
 from xfam_lib import kernels
 from xfam_lib.attention import scaled_dot_product_attention
@@ -144,6 +144,90 @@ def test_importing_the_library_does_not_import_triton(monkeypatch):
     fresh = importlib.import_module("xfam_lib.kernels")
     assert fresh is not kernels and callable(fresh.flash_attention)
 
+
+
+def flash_module():
+    return kernels._import_kernels("_flash")
+
+
+def block_pairs():
+    """Every (BLOCK_M, BLOCK_N) that a GPU's autotuning may choose, for any kernel."""
+    flash = flash_module()
+    configs = flash.QUERY_CONFIGS + flash.KEY_CONFIGS
+    return sorted({(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in configs})
+
+
+@pytest.mark.parametrize("len_q, len_k", [(130, 201), (201, 130)], ids=str)
+@pytest.mark.parametrize("blocks", block_pairs(), ids=str)
+def test_flash_attention_at_every_tuned_block_size(blocks, len_q, len_k):
+    """The causal two-stage key loop (`_key_range`) and the backward's loop bounds hold for
+    each block-size pair autotuning may pick (BLOCK_M below, equal to and above BLOCK_N),
+    with Lq < Lk and Lq > Lk and lengths no block size divides: outputs and gradients of
+    the kernels launched at those sizes against the fp64 reference."""
+    flash = flash_module()
+    config = triton.Config({"BLOCK_M": blocks[0], "BLOCK_N": blocks[1]})
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, cot = (randn(1, n, 16, gen=gen).float().double()
+                    for n in (len_q, len_k, len_k, len_q))
+    ref_in = [t.requires_grad_() for t in (q, k, v)]
+    ref = scaled_dot_product_attention(*ref_in, causal=True)
+    ref_grads = grads(ref, ref_in, cot)
+
+    ker_in = [t.detach().to(DEVICE, torch.float32) for t in (q, k, v)]
+    out, lse = flash.flash_forward(*ker_in, True, 0.25, config=config)
+    assert_close(out.cpu(), ref.detach(), name=f"output at {blocks}")
+    ker_grads = flash.flash_backward(*ker_in, out, lse, cot.to(DEVICE, torch.float32), True,
+                                     0.25, config=config)
+    for name, got, want in zip(("dq", "dk", "dv"), ker_grads, ref_grads):
+        assert_close(got.cpu(), want, name=f"{name} at {blocks}")
+
+
+def kept(configs, held, streamed, **sizes):
+    """(held block, streamed block, stages) of the configs `_fitting` keeps."""
+    flash = flash_module()
+    return [(c.kwargs[held], c.kwargs[streamed], c.num_stages)
+            for c in flash._fitting(configs, held, streamed, **sizes)]
+
+
+A100_SHARED, H100_SHARED = 166_912, 232_448       # bytes one program may use (CUDA guide)
+
+
+def test_flash_configs_that_fit_shared_memory():
+    """fp32 at head size 128 (tiles of 2 x 128 columns, 4 bytes) leaves on an A100 only the
+    small config, in the kernels owning queries and in the one owning keys; bf16 at head
+    size 64 keeps every config on an H100; with no room at all the smallest estimate is kept
+    (autotuning needs one config); short sequences drop the blocks longer than they are."""
+    flash = flash_module()
+    long = {"len_held": 4096, "len_streamed": 4096}
+    fp32_d128 = {"block_d": 256, "elem": 4, "limit": A100_SHARED, **long}
+    assert kept(flash.QUERY_CONFIGS, "BLOCK_M", "BLOCK_N", **fp32_d128) == [(64, 32, 2)]
+    assert kept(flash.KEY_CONFIGS, "BLOCK_N", "BLOCK_M", **fp32_d128) == [(64, 32, 2)]
+    bf16_d64 = {"block_d": 128, "elem": 2, "limit": H100_SHARED, **long}
+    assert len(kept(flash.QUERY_CONFIGS, "BLOCK_M", "BLOCK_N", **bf16_d64)) == len(
+        flash.QUERY_CONFIGS)
+    assert kept(flash.QUERY_CONFIGS, "BLOCK_M", "BLOCK_N", **{**bf16_d64, "limit": 0}) == [
+        (64, 32, 2)]
+    short = {**bf16_d64, "len_held": 100, "len_streamed": 100}
+    assert kept(flash.QUERY_CONFIGS, "BLOCK_M", "BLOCK_N", **short) == [
+        (64, 64, 2), (64, 64, 3), (64, 32, 2)]
+
+
+def test_flash_autotuning_is_wired_to_the_kernels(monkeypatch):
+    """The GPU's autotuned launchers build here too (Triton checks that the tuning key names
+    kernel arguments), and their prune functions read the dtype, head sizes and lengths of
+    the launch: fp32 at head size 128 on an A100-sized shared memory keeps the small config."""
+    flash = flash_module()
+    monkeypatch.setattr(flash, "_shared_memory_limit", lambda device: A100_SHARED)
+    tuned = flash._autotuned()
+    named = {"Q": torch.empty(1, 300, 128), "len_q": 300, "len_k": 300}
+    meta = {"BLOCK_DK": 128, "BLOCK_DV": 128}
+    for kernel, held in [(flash._fwd_kernel, "BLOCK_M"), (flash._bwd_dq_kernel, "BLOCK_M"),
+                         (flash._bwd_dkdv_kernel, "BLOCK_N")]:
+        tuner = tuned[kernel]
+        [config] = tuner.early_config_prune(tuner.configs, named, **meta)
+        assert config.kwargs[held] == 64 and config.num_stages == 2, kernel
+    assert set(tuned) == {flash._fwd_kernel, flash._bwd_dq_kernel, flash._bwd_dkdv_kernel,
+                          flash._bwd_delta_kernel}
 
 def check_simple_gla(lead, length, d_k, d_v, max_decay, with_state, dtype, device=DEVICE,
                      seed=0):

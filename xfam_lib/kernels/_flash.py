@@ -11,6 +11,7 @@ Query row ``i`` sits at key position ``i + Lk - Lq`` (bottom-right causal alignm
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -25,10 +26,18 @@ INTERPRETED = interpreted()
 _INTERPRETER = tl.constexpr(INTERPRETED)
 
 # Tile sizes: each program instance owns BLOCK_M query rows (forward, dQ) or BLOCK_N key
-# rows (dK/dV) and walks over the other side in steps of the other block size.
+# rows (dK/dV) and walks over the other side in steps of the other block size. These are the
+# interpreter's (and the fallback's) sizes; on a GPU the launch settings are autotuned, below.
 BLOCK_M = 64
 BLOCK_N = 64
 LOG2_E = 1 / math.log(2)
+
+# The one switch: on a GPU every kernel is launched through `triton.autotune`, which on the
+# first call at a new key (lengths, head sizes, causal, dtypes) compiles and times each config
+# that fits and keeps the fastest. Triton's CPU interpreter runs programs with NumPy, where a
+# config's speed means nothing, so there each kernel runs the one fixed `INTERPRETER_CONFIG`.
+AUTOTUNE = not INTERPRETED
+INTERPRETER_CONFIG = triton.Config({"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N})
 
 
 @triton.jit
@@ -258,47 +267,165 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, len_q, len_k, d_k, d_v, scale, q
                 BLOCK_DK)
 
 
-def _launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> dict:
-    """The compile-time arguments shared by every kernel: tiles, padded head sizes, precision.
+def _tile_configs(held: str, streamed: str) -> list[triton.Config]:
+    """The configs autotuning times, for a kernel whose programs own ``held`` rows (the
+    block-size name, ``"BLOCK_M"`` or ``"BLOCK_N"``) and loop over ``streamed`` rows.
+
+    - held block 64 or 128: 128 reads the streamed side from main memory half as often;
+      64 makes twice as many programs (short sequences, few heads) and halves the fp32
+      accumulator's registers at head size 128.
+    - streamed block 64 or 128: bigger tiles make fewer loop steps and larger ``tl.dot``s,
+      smaller ones less shared memory per stage and less masked work on the diagonal.
+    - num_stages 2 or 3: how many streamed tiles are loaded ahead of the one in use (hides
+      the memory latency; each stage costs one more streamed tile of shared memory).
+    - num_warps follows the held block, 16 rows per warp (4 warps for 64 rows, 8 for 128).
+    - one small config (64 held, 32 streamed, 2 stages), the only one whose tiles fit an
+      A100's shared memory in fp32 at head size 128 (`_shared_memory`).
+    """
+    tiles = [(h, s, stages) for h in (64, 128) for s in (64, 128) for stages in (2, 3)]
+    return [triton.Config({held: h, streamed: s}, num_stages=stages, num_warps=h // 16)
+            for h, s, stages in [*tiles, (64, 32, 2)]]
+
+
+def _shared_memory(held: int, streamed: int, stages: int, block_d: int, elem: int) -> int:
+    """Estimated shared memory (bytes) of one program: the held tiles (``held`` rows of
+    both head sizes, ``block_d = BLOCK_DK + BLOCK_DV``, staged once for ``tl.dot``),
+    ``stages`` buffers of the streamed tiles, and one ``held x streamed`` tile of weights
+    passed between the two products. Meant to err high (Triton's pipeliner keeps at most
+    ``stages`` buffers per streamed load, and may keep the held tiles in registers); an
+    underestimate costs only time, as the autotuner scores a config that runs out of
+    shared memory at compile time as infinitely slow."""
+    return elem * ((held + stages * streamed) * block_d + held * streamed)
+
+
+def _fitting(configs, held: str, streamed: str, len_held: int, len_streamed: int,
+             block_d: int, elem: int, limit: int) -> list[triton.Config]:
+    """The configs worth timing: tiles within ``limit`` bytes of shared memory, and blocks no
+    longer than their sequences (a longer one computes mostly padding; blocks of 64 held and
+    32 streamed rows always pass). If none is left, the config with the smallest estimate."""
+    def need(c):
+        return _shared_memory(c.kwargs[held], c.kwargs[streamed], c.num_stages, block_d, elem)
+
+    kept = [c for c in configs if need(c) <= limit
+            and c.kwargs[held] <= max(64, len_held)
+            and c.kwargs[streamed] <= max(32, len_streamed)]
+    return kept or [min(configs, key=need)]
+
+
+@functools.cache
+def _shared_memory_limit(device: int) -> int:
+    """Shared memory one program may use on CUDA device ``device`` (bytes)."""
+    return triton.runtime.driver.active.utils.get_device_properties(device)["max_shared_mem"]
+
+
+def _prune(held: str, streamed: str, len_held: str, len_streamed: str):
+    """`triton.autotune`'s ``early_config_prune`` for a kernel holding ``held`` rows of the
+    sequence whose length is the kernel argument ``len_held``."""
+    def prune(configs, named_args, **kwargs):
+        q = named_args["Q"]
+        return _fitting(configs, held, streamed, named_args[len_held], named_args[len_streamed],
+                        kwargs["BLOCK_DK"] + kwargs["BLOCK_DV"], q.element_size(),
+                        _shared_memory_limit(q.device.index))
+    return prune
+
+
+# A new key retunes: the lengths and head sizes (and, added by Triton, every tensor's dtype).
+TUNE_KEY = ["len_q", "len_k", "d_k", "d_v", "CAUSAL"]
+QUERY_CONFIGS = _tile_configs("BLOCK_M", "BLOCK_N")          # forward and dQ: own queries
+KEY_CONFIGS = _tile_configs("BLOCK_N", "BLOCK_M")            # dK/dV: own keys
+# delta reads two (BLOCK_M, d_v) tiles and sums: no loop, no shared memory to budget.
+DELTA_CONFIGS = [triton.Config({"BLOCK_M": m}, num_warps=w) for m, w in ((64, 4), (128, 4),
+                                                                        (128, 8))]
+
+
+def _autotuned() -> dict:
+    """Each kernel wrapped in `triton.autotune`. Nothing is reset between the timed runs:
+    every program writes its own rows with plain stores (no atomics, no read-modify-write),
+    so a run leaves the same results whatever ran before it."""
+    def tune(kernel, configs, prune):
+        return triton.autotune(configs, key=TUNE_KEY,
+                               prune_configs_by={"early_config_prune": prune})(kernel)
+
+    by_query = _prune("BLOCK_M", "BLOCK_N", "len_q", "len_k")
+    by_key = _prune("BLOCK_N", "BLOCK_M", "len_k", "len_q")
+    return {_fwd_kernel: tune(_fwd_kernel, QUERY_CONFIGS, by_query),
+            _bwd_dq_kernel: tune(_bwd_dq_kernel, QUERY_CONFIGS, by_query),
+            _bwd_dkdv_kernel: tune(_bwd_dkdv_kernel, KEY_CONFIGS, by_key),
+            _bwd_delta_kernel: triton.autotune(DELTA_CONFIGS, key=["len_q", "d_v"])(
+                _bwd_delta_kernel)}
+
+
+_TUNED = _autotuned() if AUTOTUNE else {}
+
+
+def _launch(kernel, grid, args, meta: dict, config: triton.Config | None) -> None:
+    """Launch ``kernel(*args, **meta)`` on ``grid(block sizes)`` programs: with ``config``
+    when given, else autotuned (GPU) or with `INTERPRETER_CONFIG` (interpreter)."""
+    if config is None and AUTOTUNE:
+        _TUNED[kernel][grid](*args, **meta)
+        return
+    config = config or INTERPRETER_CONFIG
+    tiles = {n: b for n, b in config.kwargs.items() if n in kernel.arg_names}  # delta: no N
+    kernel[grid(tiles)](*args, **meta, **tiles, num_warps=config.num_warps,
+                        num_stages=config.num_stages)
+
+
+def _launch_args(q: torch.Tensor, v: torch.Tensor, causal: bool) -> dict:
+    """The compile-time arguments shared by the tiled kernels: padded head sizes, precision.
 
     Head sizes are padded to a power of two (at least 16, the smallest ``tl.dot`` accepts);
     fp32 products run in full fp32 (``ieee``), not the GPU's default TF32 (the option
     concerns fp32 inputs only: products of fp16 or bf16 numbers are exact in fp32).
     """
-    return {"CAUSAL": causal, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
+    return {"CAUSAL": causal,
             "BLOCK_DK": max(16, triton.next_power_of_2(q.shape[-1])),
             "BLOCK_DV": max(16, triton.next_power_of_2(v.shape[-1])),
             "PRECISION": "ieee" if q.dtype == torch.float32 else None}
 
 
-def flash_forward(q, k, v, causal: bool, scale: float):
-    """Output ``(B, Lq, d_v)`` and base-2 log-sum-exp ``(B, Lq)`` (fp32) of contiguous inputs."""
+def flash_forward(q, k, v, causal: bool, scale: float, config: triton.Config | None = None):
+    """Output ``(B, Lq, d_v)`` and base-2 log-sum-exp ``(B, Lq)`` (fp32) of contiguous inputs.
+
+    ``config`` fixes the block sizes and launch settings; by default they are autotuned."""
     (batch, len_q, d_k), len_k, d_v = q.shape, k.shape[1], v.shape[-1]
     out = torch.empty((batch, len_q, d_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, len_q), dtype=torch.float32, device=q.device)
     if out.numel() == 0:                                            # no program to launch
         return out, lse
-    grid = (triton.cdiv(len_q, BLOCK_M), batch)
-    _fwd_kernel[grid](q, k, v, out, lse, len_q, len_k, d_k, d_v, scale * LOG2_E,
-                      **_launch_args(q, k, v, causal))
+
+    def grid(meta):                                     # one program per query block
+        return (triton.cdiv(len_q, meta["BLOCK_M"]), batch)
+
+    _launch(_fwd_kernel, grid, (q, k, v, out, lse, len_q, len_k, d_k, d_v, scale * LOG2_E),
+            _launch_args(q, v, causal), config)
     return out, lse
 
 
-def flash_backward(q, k, v, out, lse, d_out, causal: bool, scale: float):
-    """Gradients ``(dq, dk, dv)`` of contiguous inputs: delta, then dK/dV, then dQ."""
+def flash_backward(q, k, v, out, lse, d_out, causal: bool, scale: float,
+                   config: triton.Config | None = None):
+    """Gradients ``(dq, dk, dv)`` of contiguous inputs: delta, then dK/dV, then dQ.
+
+    ``config`` fixes the block sizes and launch settings of all three; by default they are
+    autotuned, each kernel on its own."""
     (batch, len_q, d_k), len_k, d_v = q.shape, k.shape[1], v.shape[-1]
     if q.numel() == 0 or k.numel() == 0:                            # nothing flows back
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    meta = _launch_args(q, k, v, causal)
+    meta = _launch_args(q, v, causal)
+
+    def by_query(tiles):
+        return (triton.cdiv(len_q, tiles["BLOCK_M"]), batch)
+
+    def by_key(tiles):
+        return (triton.cdiv(len_k, tiles["BLOCK_N"]), batch)
+
     delta = torch.empty((batch, len_q), dtype=torch.float32, device=q.device)
-    _bwd_delta_kernel[(triton.cdiv(len_q, BLOCK_M), batch)](
-        out, d_out, delta, len_q, d_v, BLOCK_M=BLOCK_M, BLOCK_DV=meta["BLOCK_DV"])
+    _launch(_bwd_delta_kernel, by_query, (out, d_out, delta, len_q, d_v),
+            {"BLOCK_DV": meta["BLOCK_DV"]}, config)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    args = (q, k, v, d_out, lse, delta)
     sizes = (len_q, len_k, d_k, d_v, scale, scale * LOG2_E)
-    _bwd_dkdv_kernel[(triton.cdiv(len_k, BLOCK_N), batch)](
-        q, k, v, d_out, lse, delta, dk, dv, *sizes, **meta)
-    _bwd_dq_kernel[(triton.cdiv(len_q, BLOCK_M), batch)](
-        q, k, v, d_out, lse, delta, dq, *sizes, **meta)
+    _launch(_bwd_dkdv_kernel, by_key, (*args, dk, dv, *sizes), meta, config)
+    _launch(_bwd_dq_kernel, by_query, (*args, dq, *sizes), meta, config)
     return dq, dk, dv
 
 
