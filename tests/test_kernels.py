@@ -223,11 +223,32 @@ def test_flash_autotuning_is_wired_to_the_kernels(monkeypatch):
     meta = {"BLOCK_DK": 128, "BLOCK_DV": 128}
     for kernel, held in [(flash._fwd_kernel, "BLOCK_M"), (flash._bwd_dq_kernel, "BLOCK_M"),
                          (flash._bwd_dkdv_kernel, "BLOCK_N")]:
-        tuner = tuned[kernel]
+        tuner = tuned[kernel.fn]
         [config] = tuner.early_config_prune(tuner.configs, named, **meta)
         assert config.kwargs[held] == 64 and config.num_stages == 2, kernel
-    assert set(tuned) == {flash._fwd_kernel, flash._bwd_dq_kernel, flash._bwd_dkdv_kernel,
-                          flash._bwd_delta_kernel}
+    assert set(tuned) == {k.fn for k in (flash._fwd_kernel, flash._bwd_dq_kernel,
+                                         flash._bwd_dkdv_kernel, flash._bwd_delta_kernel)}
+
+
+def test_flash_autotuned_launch_runs_in_the_interpreter(monkeypatch):
+    """The GPU's launch path, run here with every timing equal: outputs and gradients
+    through the autotuned kernels are right, each kernel tunes once per key, and a new key
+    length tunes the kernels keyed on it again."""
+    flash = flash_module()
+    monkeypatch.setattr(flash, "_shared_memory_limit", lambda device: H100_SHARED)
+    tuned = flash._autotuned()
+    for tuner in tuned.values():
+        tuner.do_bench = lambda run, quantiles: (run(), [1.0, 1.0, 1.0])[1]
+    monkeypatch.setattr(flash, "AUTOTUNE", True)
+    monkeypatch.setattr(flash, "_TUNED", tuned)
+    for len_k in (70, 40):
+        check_flash_attention((), 40, len_k, 16, 16, True, torch.float32)
+    tiled = (flash._fwd_kernel, flash._bwd_dq_kernel, flash._bwd_dkdv_kernel)
+    assert [len(tuned[kernel.fn].cache) for kernel in tiled] == [2, 2, 2]
+    assert len(tuned[flash._bwd_delta_kernel.fn].cache) == 1     # keyed on len_q, d_v only
+    q, k = torch.randn(1, 40, 16), torch.randn(1, 70, 16)
+    flash.flash_forward(q, k, k, True, 0.25)                # a shape seen before: no tuning
+    assert len(tuned[flash._fwd_kernel.fn].cache) == 2
 
 def check_simple_gla(lead, length, d_k, d_v, max_decay, with_state, dtype, device=DEVICE,
                      seed=0):

@@ -339,7 +339,7 @@ DELTA_CONFIGS = [triton.Config({"BLOCK_M": m}, num_warps=w) for m, w in ((64, 4)
 
 
 def _autotuned() -> dict:
-    """Each kernel wrapped in `triton.autotune`. Nothing is reset between the timed runs:
+    """Each kernel wrapped in `triton.autotune`, by the kernel's Python function. Nothing is reset between the timed runs:
     every program writes its own rows with plain stores (no atomics, no read-modify-write),
     so a run leaves the same results whatever ran before it."""
     def tune(kernel, configs, prune):
@@ -348,10 +348,10 @@ def _autotuned() -> dict:
 
     by_query = _prune("BLOCK_M", "BLOCK_N", "len_q", "len_k")
     by_key = _prune("BLOCK_N", "BLOCK_M", "len_k", "len_q")
-    return {_fwd_kernel: tune(_fwd_kernel, QUERY_CONFIGS, by_query),
-            _bwd_dq_kernel: tune(_bwd_dq_kernel, QUERY_CONFIGS, by_query),
-            _bwd_dkdv_kernel: tune(_bwd_dkdv_kernel, KEY_CONFIGS, by_key),
-            _bwd_delta_kernel: triton.autotune(DELTA_CONFIGS, key=["len_q", "d_v"])(
+    return {_fwd_kernel.fn: tune(_fwd_kernel, QUERY_CONFIGS, by_query),
+            _bwd_dq_kernel.fn: tune(_bwd_dq_kernel, QUERY_CONFIGS, by_query),
+            _bwd_dkdv_kernel.fn: tune(_bwd_dkdv_kernel, KEY_CONFIGS, by_key),
+            _bwd_delta_kernel.fn: triton.autotune(DELTA_CONFIGS, key=["len_q", "d_v"])(
                 _bwd_delta_kernel)}
 
 
@@ -362,7 +362,7 @@ def _launch(kernel, grid, args, meta: dict, config: triton.Config | None) -> Non
     """Launch ``kernel(*args, **meta)`` on ``grid(block sizes)`` programs: with ``config``
     when given, else autotuned (GPU) or with `INTERPRETER_CONFIG` (interpreter)."""
     if config is None and AUTOTUNE:
-        _TUNED[kernel][grid](*args, **meta)
+        _TUNED[kernel.fn][grid](*args, **meta)
         return
     config = config or INTERPRETER_CONFIG
     tiles = {n: b for n, b in config.kwargs.items() if n in kernel.arg_names}  # delta: no N
