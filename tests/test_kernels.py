@@ -230,10 +230,10 @@ def test_flash_autotuning_is_wired_to_the_kernels(monkeypatch):
                                          flash._bwd_dkdv_kernel, flash._bwd_delta_kernel)}
 
 
-def test_flash_autotuned_launch_runs_in_the_interpreter(monkeypatch):
-    """The GPU's launch path, run here with every timing equal: outputs and gradients
-    through the autotuned kernels are right, each kernel tunes once per key, and a new key
-    length tunes the kernels keyed on it again."""
+def test_flash_autotuned_launch_path(monkeypatch):
+    """The GPU's launch path (on a CPU, in the interpreter) with every timing equal:
+    outputs and gradients through the autotuned kernels are right, each kernel tunes once
+    per key, and a new key length tunes the kernels keyed on it again."""
     flash = flash_module()
     monkeypatch.setattr(flash, "_shared_memory_limit", lambda device: H100_SHARED)
     tuned = flash._autotuned()

@@ -36,6 +36,10 @@ LOG2_E = 1 / math.log(2)
 # first call at a new key (lengths, head sizes, causal, dtypes) compiles and times each config
 # that fits and keeps the fastest. Triton's CPU interpreter runs programs with NumPy, where a
 # config's speed means nothing, so there each kernel runs the one fixed `INTERPRETER_CONFIG`.
+# Cost of a new key on a GPU (an estimate, not measured here): up to 9 configs for each tiled
+# kernel and 3 for delta, 30 compilations of a second or two each plus ~0.1 s of timing each,
+# so 30-90 s before the first forward+backward at a new shape. Compiled kernels stay in
+# Triton's disk cache: a later process at the same shape pays mostly the timing.
 AUTOTUNE = not INTERPRETED
 INTERPRETER_CONFIG = triton.Config({"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N})
 
@@ -339,9 +343,9 @@ DELTA_CONFIGS = [triton.Config({"BLOCK_M": m}, num_warps=w) for m, w in ((64, 4)
 
 
 def _autotuned() -> dict:
-    """Each kernel wrapped in `triton.autotune`, by the kernel's Python function. Nothing is reset between the timed runs:
-    every program writes its own rows with plain stores (no atomics, no read-modify-write),
-    so a run leaves the same results whatever ran before it."""
+    """Each kernel wrapped in `triton.autotune`, looked up by its Python function. Nothing
+    is reset between the timed runs: every program writes its own rows with plain stores (no
+    atomics, no read-modify-write), so a run leaves the same results whatever ran before."""
     def tune(kernel, configs, prune):
         return triton.autotune(configs, key=TUNE_KEY,
                                prune_configs_by={"early_config_prune": prune})(kernel)
