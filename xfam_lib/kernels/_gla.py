@@ -36,6 +36,10 @@ non-increasing through every chunk, padding included), each exponent is formed i
 rounded once to fp32, and the diagonal block works from ``b`` relative to its sub-chunk's
 start. Everything else runs in fp32: tensors are contiguous ``(B, L, d)`` stacks, states
 ``(B, d_k, d_v)``, and all products.
+
+The work is split as in `_simple_gla`: one sequential program per matrix stores the state
+entering every chunk, then one program per chunk and matrix computes that chunk's outputs
+(backward: the gradient of the state leaving every chunk, then ``dq, dk, dv`` per chunk).
 """
 from __future__ import annotations
 

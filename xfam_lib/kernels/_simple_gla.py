@@ -10,6 +10,11 @@ the state entering the chunk, and the state leaving it is
 ``e^{B} S + sum_s e^{B - b_s} k_s v_s^T`` with ``B`` the chunk's total log gate. Every exponent
 is <= 0, so nothing overflows. Tensors here are contiguous ``(B, L, d)`` stacks, ``log_g`` is
 ``(B, L)``, states are ``(B, d_k, d_v)`` in fp32; all products run in fp32.
+
+The work is split as in fla's chunk kernels: a light sequential pass per matrix stores the
+state entering every chunk, ``(B, NT, d_k, d_v)`` in fp32 for ``NT`` chunks, and then one
+program instance per chunk and matrix does the heavy products, all chunks in parallel. The
+backward does the same with the gradient of the state leaving every chunk.
 """
 from __future__ import annotations
 
