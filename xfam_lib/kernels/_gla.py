@@ -260,8 +260,9 @@ def chunk_cumsum(log_g: torch.Tensor) -> torch.Tensor:
 
 
 def _blocks(q, v):
-    """Chunk sizes, and head sizes padded to a power of two (at least 16, for ``tl.dot``)."""
-    return {"BLOCK_C": BLOCK_C, "BLOCK_S": BLOCK_S,
+    """Chunk length and head sizes padded to a power of two (at least 16, for ``tl.dot``);
+    the kernels that cut chunks into sub-chunks also take ``BLOCK_S``."""
+    return {"BLOCK_C": BLOCK_C,
             "BLOCK_DK": max(16, triton.next_power_of_2(q.shape[-1])),
             "BLOCK_DV": max(16, triton.next_power_of_2(v.shape[-1]))}
 
@@ -273,8 +274,7 @@ def _states(k, v, b, h0, blocks):
     h = k.new_empty(batch, n_chunks, d_k, d_v, dtype=torch.float32)
     h_t = torch.empty_like(h0)
     _state_kernel[(batch,)](k, v, b, h0, h, h_t, length, b.shape[1], n_chunks, d_k, d_v,
-                            BLOCK_C=blocks["BLOCK_C"], BLOCK_DK=blocks["BLOCK_DK"],
-                            BLOCK_DV=blocks["BLOCK_DV"])
+                            **blocks)
     return h, h_t
 
 
@@ -293,12 +293,13 @@ class ChunkGLA(torch.autograd.Function):
         (batch, length, d_k), d_v = q.shape, v.shape[-1]
         b = chunk_cumsum(log_g)
         out = torch.empty_like(v)
-        h_t = h0.clone()
-        if batch and length:
+        h_t = torch.empty_like(h0)
+        if batch:
             blocks = _blocks(q, v)
             h, h_t = _states(k, v, b, h0, blocks)
             _out_kernel[(h.shape[1], batch)](q, k, v, b, h, out, length, b.shape[1],
-                                             h.shape[1], d_k, d_v, scale, **blocks)
+                                             h.shape[1], d_k, d_v, scale, BLOCK_S=BLOCK_S,
+                                             **blocks)
         ctx.save_for_backward(q, k, v, log_g, b, h0, h_t)
         ctx.scale = scale
         return out, h_t
@@ -310,17 +311,17 @@ class ChunkGLA(torch.autograd.Function):
         (batch, length, d_k), d_v = q.shape, v.shape[-1]
         f32 = {"dtype": torch.float32}
         dq, dk = torch.empty_like(q, **f32), torch.empty_like(k, **f32)
-        dv, dh0 = torch.empty_like(v, **f32), d_h_t.float().clone()
-        if batch and length:
+        dv, dh0 = torch.empty_like(v, **f32), torch.empty_like(h0)
+        if batch:
             blocks = _blocks(q, v)
             h, _ = _states(k, v, b, h0, blocks)                   # recomputed, not saved
             d_out, dh = d_out.contiguous(), torch.empty_like(h)
             padded, n_chunks = b.shape[1], h.shape[1]
             _d_state_kernel[(batch,)](q, b, d_out, d_h_t.contiguous(), dh, dh0, length, padded,
-                                      n_chunks, d_k, d_v, ctx.scale, BLOCK_C=blocks["BLOCK_C"],
-                                      BLOCK_DK=blocks["BLOCK_DK"], BLOCK_DV=blocks["BLOCK_DV"])
+                                      n_chunks, d_k, d_v, ctx.scale, **blocks)
             _grad_kernel[(n_chunks, batch)](q, k, v, b, h, d_out, dh, dq, dk, dv, length, padded,
-                                            n_chunks, d_k, d_v, ctx.scale, **blocks)
+                                            n_chunks, d_k, d_v, ctx.scale, BLOCK_S=BLOCK_S,
+                                            **blocks)
         # Per key dimension, every path from step t on carries e^{c_t} (c: the cumulative log
         # gate from the start): q_t multiplies terms that carry +c_t, k_t terms that carry -c_t,
         # and row i of the final state +c_L. Hence dL/dc_t = q_t ⊙ dq_t - k_t ⊙ dk_t (+ the rows

@@ -191,8 +191,8 @@ class ChunkSimpleGLA(torch.autograd.Function):
     def forward(ctx, q, k, v, log_g, h0, scale: float):
         (batch, length, d_k), d_v = q.shape, v.shape[-1]
         out = torch.empty_like(v)
-        h_t = h0.clone()
-        if batch and length:
+        h_t = torch.empty_like(h0)
+        if batch:
             blocks = _blocks(q, v)
             h, h_t = _states(k, v, log_g, h0, blocks)
             _out_kernel[(h.shape[1], batch)](q, k, v, log_g, h, out, length, h.shape[1], d_k,
@@ -208,8 +208,8 @@ class ChunkSimpleGLA(torch.autograd.Function):
         (batch, length, d_k), d_v = q.shape, v.shape[-1]
         f32 = {"dtype": torch.float32}
         dq, dk = torch.empty_like(q, **f32), torch.empty_like(k, **f32)
-        dv, dh0 = torch.empty_like(v, **f32), d_h_t.float().clone()
-        if batch and length:
+        dv, dh0 = torch.empty_like(v, **f32), torch.empty_like(h0)
+        if batch:
             blocks = _blocks(q, v)
             h, _ = _states(k, v, log_g, h0, blocks)               # recomputed, not saved
             d_out, dh = d_out.contiguous(), torch.empty_like(h)
