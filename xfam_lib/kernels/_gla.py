@@ -36,6 +36,10 @@ non-increasing through every chunk, padding included), each exponent is formed i
 rounded once to fp32, and the diagonal block works from ``b`` relative to its sub-chunk's
 start. Everything else runs in fp32: tensors are contiguous ``(B, L, d)`` stacks, states
 ``(B, d_k, d_v)``, and all products.
+
+The work is split as in `_simple_gla`: one sequential program per matrix stores the state
+entering every chunk, then one program per chunk and matrix computes that chunk's outputs
+(backward: the gradient of the state leaving every chunk, then ``dq, dk, dv`` per chunk).
 """
 from __future__ import annotations
 
@@ -80,143 +84,169 @@ def _diag_decay(b, BLOCK_S: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Bc, H0, O, HT, length, padded, d_k, d_v, scale,
-                BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
-                BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """One program instance: the whole sequence of matrix ``n``, chunk after chunk, carrying
-    the state ``S (d_k, d_v)`` from ``H0`` and writing the final one to ``HT``. Inside a chunk,
-    one query sub-chunk at a time: from the state, from each earlier key sub-chunk (one
-    product, factored relative to the sub-chunk's start), from itself (in log space)."""
+def _state_kernel(K, V, Bc, H0, H, HT, length, padded, n_chunks, d_k, d_v,
+                  BLOCK_C: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """One program instance: the states of matrix ``n``. It walks the chunks in order from
+    ``H0``, stores the state entering chunk ``c`` as ``H[n, c]`` and the final one in ``HT``;
+    per chunk one product of the keys, decayed to the chunk's end, with the values."""
     n = tl.program_id(0).to(tl.int64)
-    q_base, k_base = Q + n * length * d_k, K + n * length * d_k
-    v_base, o_base = V + n * length * d_v, O + n * length * d_v
+    k_base, v_base = K + n * length * d_k, V + n * length * d_v
     b_base = Bc + n * padded * d_k
-    ks, idx = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_S)
+    ks = tl.arange(0, BLOCK_DK)
     state = _load_f32(H0 + n * d_k * d_v, ks, d_k, d_v, BLOCK_DK, BLOCK_DV)
-    for c0 in range(0, length, BLOCK_C):
-        b_end = _load_b_row(b_base, c0 + BLOCK_C - 1, d_k, BLOCK_DK)  # the chunk's total
-        new_state = state * tl.exp(b_end.to(tl.float32))[:, None]
-        for i in range(tl.cdiv(tl.minimum(length - c0, BLOCK_C), BLOCK_S)):
-            t0 = c0 + i * BLOCK_S
-            rows = t0 + idx
-            q = _load_f32(q_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
-            k = _load_f32(k_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
-            v = _load_f32(v_base, rows, length, d_v, BLOCK_S, BLOCK_DV)
-            b = _load_b(b_base, rows, d_k, BLOCK_DK)
-            out = tl.dot(q * tl.exp(b.to(tl.float32)), state, input_precision="ieee")
-            ref = _load_b_row(b_base, t0, d_k, BLOCK_DK)           # b at the start of i
-            local = (b - ref[None, :]).to(tl.float32)                  # <= 0
-            q_ref = q * tl.exp(local)
-            for j in range(i):
-                rows_j = c0 + j * BLOCK_S + idx
-                k_j = _load_f32(k_base, rows_j, length, d_k, BLOCK_S, BLOCK_DK)
-                v_j = _load_f32(v_base, rows_j, length, d_v, BLOCK_S, BLOCK_DV)
-                b_j = _load_b(b_base, rows_j, d_k, BLOCK_DK)
-                k_ref = k_j * tl.exp((ref[None, :] - b_j).to(tl.float32))
-                scores = tl.dot(q_ref, tl.trans(k_ref), input_precision="ieee")
-                out += tl.dot(scores, v_j, input_precision="ieee")
-            decay = _diag_decay(local, BLOCK_S)                        # (S, S, d_k)
-            scores = tl.sum(q[:, None, :] * k[None, :, :] * decay, 2)
-            out += tl.dot(scores, v, input_precision="ieee")
-            _store(o_base, out * scale, rows, length, d_v, BLOCK_DV)
-            k_end = k * tl.exp((b_end[None, :] - b).to(tl.float32))   # decayed to the end
-            new_state += tl.dot(tl.trans(k_end), v, input_precision="ieee")
-        state = new_state
+    for c in range(n_chunks):
+        _store(H + (n * n_chunks + c) * d_k * d_v, state, ks, d_k, d_v, BLOCK_DV)
+        rows = c * BLOCK_C + tl.arange(0, BLOCK_C)
+        k = _load_f32(k_base, rows, length, d_k, BLOCK_C, BLOCK_DK)
+        v = _load_f32(v_base, rows, length, d_v, BLOCK_C, BLOCK_DV)
+        b = _load_b(b_base, rows, d_k, BLOCK_DK)
+        b_end = _load_b_row(b_base, c * BLOCK_C + BLOCK_C - 1, d_k, BLOCK_DK)  # chunk's total
+        k_end = k * tl.exp((b_end[None, :] - b).to(tl.float32))         # decayed to the end
+        state = state * tl.exp(b_end.to(tl.float32))[:, None]
+        state += tl.dot(tl.trans(k_end), v, input_precision="ieee")
     _store(HT + n * d_k * d_v, state, ks, d_k, d_v, BLOCK_DV)
 
 
 @triton.jit
-def _bwd_kernel(Q, K, V, Bc, H0, DO, DHT, DQ, DK, DV, DH0, length, padded, d_k, d_v, scale,
+def _out_kernel(Q, K, V, Bc, H, O, length, padded, n_chunks, d_k, d_v, scale,
                 BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
                 BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """One program instance: the gradients of matrix ``n`` in two sweeps, with the sub-chunk
-    blocks of the forward kernel and ``dA[t, s] = scale * do_t . v_s``, the gradient of the
-    scores.
+    """One program instance: the outputs of chunk ``c`` of matrix ``n``, from the chunk's
+    inputs and the state entering it, ``H[n, c]``; all chunks of all matrices in parallel.
+    One query sub-chunk at a time: from the state, from each earlier key sub-chunk (one
+    product, factored relative to the sub-chunk's start), from itself (in log space)."""
+    c, n = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    q_base, k_base = Q + n * length * d_k, K + n * length * d_k
+    v_base, o_base = V + n * length * d_v, O + n * length * d_v
+    b_base = Bc + n * padded * d_k
+    ks, idx = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_S)
+    c0 = c * BLOCK_C
+    state = _load_f32(H + (n * n_chunks + c) * d_k * d_v, ks, d_k, d_v, BLOCK_DK, BLOCK_DV)
+    for i in range(tl.cdiv(tl.minimum(length - c0, BLOCK_C), BLOCK_S)):
+        t0 = c0 + i * BLOCK_S
+        rows = t0 + idx
+        q = _load_f32(q_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
+        k = _load_f32(k_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
+        v = _load_f32(v_base, rows, length, d_v, BLOCK_S, BLOCK_DV)
+        b = _load_b(b_base, rows, d_k, BLOCK_DK)
+        out = tl.dot(q * tl.exp(b.to(tl.float32)), state, input_precision="ieee")
+        ref = _load_b_row(b_base, t0, d_k, BLOCK_DK)               # b at the start of i
+        local = (b - ref[None, :]).to(tl.float32)                      # <= 0
+        q_ref = q * tl.exp(local)
+        for j in range(i):
+            rows_j = c0 + j * BLOCK_S + idx
+            k_j = _load_f32(k_base, rows_j, length, d_k, BLOCK_S, BLOCK_DK)
+            v_j = _load_f32(v_base, rows_j, length, d_v, BLOCK_S, BLOCK_DV)
+            b_j = _load_b(b_base, rows_j, d_k, BLOCK_DK)
+            k_ref = k_j * tl.exp((ref[None, :] - b_j).to(tl.float32))
+            scores = tl.dot(q_ref, tl.trans(k_ref), input_precision="ieee")
+            out += tl.dot(scores, v_j, input_precision="ieee")
+        decay = _diag_decay(local, BLOCK_S)                            # (S, S, d_k)
+        scores = tl.sum(q[:, None, :] * k[None, :, :] * decay, 2)
+        out += tl.dot(scores, v, input_precision="ieee")
+        _store(o_base, out * scale, rows, length, d_v, BLOCK_DV)
 
-    Forward over the chunks, rebuilding the state ``S`` each chunk reads: ``dq``. Backward over
-    the chunks, carrying ``dS``, the gradient of the state leaving the chunk (from ``DHT`` at
-    the end): ``dk``, ``dv``, and at the start the gradient of the initial state.
-    """
+
+@triton.jit
+def _d_state_kernel(Q, Bc, DO, DHT, DH, DH0, length, padded, n_chunks, d_k, d_v, scale,
+                    BLOCK_C: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """One program instance: the state gradients of matrix ``n``. It walks the chunks in
+    reverse from ``DHT``, stores ``dS``, the gradient of the state leaving chunk ``c``, as
+    ``DH[n, c]``, and at the start the gradient of the initial state in ``DH0``."""
     n = tl.program_id(0).to(tl.int64)
+    q_base, do_base = Q + n * length * d_k, DO + n * length * d_v
+    b_base = Bc + n * padded * d_k
+    ks = tl.arange(0, BLOCK_DK)
+    d_state = _load_f32(DHT + n * d_k * d_v, ks, d_k, d_v, BLOCK_DK, BLOCK_DV)
+    for i in range(n_chunks):
+        c = n_chunks - 1 - i
+        _store(DH + (n * n_chunks + c) * d_k * d_v, d_state, ks, d_k, d_v, BLOCK_DV)
+        rows = c * BLOCK_C + tl.arange(0, BLOCK_C)
+        q = _load_f32(q_base, rows, length, d_k, BLOCK_C, BLOCK_DK)
+        do = _load_f32(do_base, rows, length, d_v, BLOCK_C, BLOCK_DV) * scale
+        b = _load_b(b_base, rows, d_k, BLOCK_DK)
+        b_end = _load_b_row(b_base, c * BLOCK_C + BLOCK_C - 1, d_k, BLOCK_DK)
+        q_start = q * tl.exp(b.to(tl.float32))                          # decayed from the start
+        d_state = d_state * tl.exp(b_end.to(tl.float32))[:, None]
+        d_state += tl.dot(tl.trans(q_start), do, input_precision="ieee")
+    _store(DH0 + n * d_k * d_v, d_state, ks, d_k, d_v, BLOCK_DV)
+
+
+@triton.jit
+def _grad_kernel(Q, K, V, Bc, H, DO, DH, DQ, DK, DV, length, padded, n_chunks, d_k, d_v, scale,
+                 BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+                 BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """One program instance: ``dq``, ``dk``, ``dv`` of chunk ``c`` of matrix ``n``, from the
+    chunk's inputs, the state entering it (``H[n, c]``, for ``dq``) and the gradient of the
+    state leaving it (``DH[n, c]``, for ``dk`` and ``dv``); all chunks in parallel. The
+    sub-chunk blocks are those of `_out_kernel`, with ``dA[t, s] = scale * do_t . v_s``, the
+    gradient of the scores: ``dq`` per query sub-chunk, then ``dk, dv`` per key sub-chunk."""
+    c, n = tl.program_id(0), tl.program_id(1).to(tl.int64)
     q_base, k_base = Q + n * length * d_k, K + n * length * d_k
     v_base, do_base = V + n * length * d_v, DO + n * length * d_v
     b_base = Bc + n * padded * d_k
     ks, idx = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_S)
+    c0 = c * BLOCK_C
+    n_sub = tl.cdiv(tl.minimum(length - c0, BLOCK_C), BLOCK_S)
+    state = _load_f32(H + (n * n_chunks + c) * d_k * d_v, ks, d_k, d_v, BLOCK_DK, BLOCK_DV)
+    for i in range(n_sub):                                              # query sub-chunk i
+        t0 = c0 + i * BLOCK_S
+        rows = t0 + idx
+        k = _load_f32(k_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
+        v = _load_f32(v_base, rows, length, d_v, BLOCK_S, BLOCK_DV)
+        do = _load_f32(do_base, rows, length, d_v, BLOCK_S, BLOCK_DV) * scale
+        b = _load_b(b_base, rows, d_k, BLOCK_DK)
+        dq = tl.dot(do, tl.trans(state), input_precision="ieee") * tl.exp(b.to(tl.float32))
+        ref = _load_b_row(b_base, t0, d_k, BLOCK_DK)
+        local = (b - ref[None, :]).to(tl.float32)
+        dq_ref = tl.zeros((BLOCK_S, BLOCK_DK), dtype=tl.float32)
+        for j in range(i):
+            rows_j = c0 + j * BLOCK_S + idx
+            k_j = _load_f32(k_base, rows_j, length, d_k, BLOCK_S, BLOCK_DK)
+            v_j = _load_f32(v_base, rows_j, length, d_v, BLOCK_S, BLOCK_DV)
+            b_j = _load_b(b_base, rows_j, d_k, BLOCK_DK)
+            d_scores = tl.dot(do, tl.trans(v_j), input_precision="ieee")
+            k_ref = k_j * tl.exp((ref[None, :] - b_j).to(tl.float32))
+            dq_ref += tl.dot(d_scores, k_ref, input_precision="ieee")
+        dq += dq_ref * tl.exp(local)
+        d_scores = tl.dot(do, tl.trans(v), input_precision="ieee")
+        decay = _diag_decay(local, BLOCK_S)
+        dq += tl.sum(d_scores[:, :, None] * k[None, :, :] * decay, 1)
+        _store(DQ + n * length * d_k, dq, rows, length, d_k, BLOCK_DK)
 
-    state = _load_f32(H0 + n * d_k * d_v, ks, d_k, d_v, BLOCK_DK, BLOCK_DV)
-    for c0 in range(0, length, BLOCK_C):
-        b_end = _load_b_row(b_base, c0 + BLOCK_C - 1, d_k, BLOCK_DK)
-        new_state = state * tl.exp(b_end.to(tl.float32))[:, None]
-        for i in range(tl.cdiv(tl.minimum(length - c0, BLOCK_C), BLOCK_S)):
-            t0 = c0 + i * BLOCK_S
-            rows = t0 + idx
-            k = _load_f32(k_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
-            v = _load_f32(v_base, rows, length, d_v, BLOCK_S, BLOCK_DV)
-            do = _load_f32(do_base, rows, length, d_v, BLOCK_S, BLOCK_DV) * scale
-            b = _load_b(b_base, rows, d_k, BLOCK_DK)
-            dq = tl.dot(do, tl.trans(state), input_precision="ieee") * tl.exp(b.to(tl.float32))
-            ref = _load_b_row(b_base, t0, d_k, BLOCK_DK)
-            local = (b - ref[None, :]).to(tl.float32)
-            dq_ref = tl.zeros((BLOCK_S, BLOCK_DK), dtype=tl.float32)
-            for j in range(i):
-                rows_j = c0 + j * BLOCK_S + idx
-                k_j = _load_f32(k_base, rows_j, length, d_k, BLOCK_S, BLOCK_DK)
-                v_j = _load_f32(v_base, rows_j, length, d_v, BLOCK_S, BLOCK_DV)
-                b_j = _load_b(b_base, rows_j, d_k, BLOCK_DK)
-                d_scores = tl.dot(do, tl.trans(v_j), input_precision="ieee")
-                k_ref = k_j * tl.exp((ref[None, :] - b_j).to(tl.float32))
-                dq_ref += tl.dot(d_scores, k_ref, input_precision="ieee")
-            dq += dq_ref * tl.exp(local)
-            d_scores = tl.dot(do, tl.trans(v), input_precision="ieee")
-            decay = _diag_decay(local, BLOCK_S)
-            dq += tl.sum(d_scores[:, :, None] * k[None, :, :] * decay, 1)
-            _store(DQ + n * length * d_k, dq, rows, length, d_k, BLOCK_DK)
-            k_end = k * tl.exp((b_end[None, :] - b).to(tl.float32))
-            new_state += tl.dot(tl.trans(k_end), v, input_precision="ieee")
-        state = new_state
-
-    d_state = _load_f32(DHT + n * d_k * d_v, ks, d_k, d_v, BLOCK_DK, BLOCK_DV)
-    n_chunks = tl.cdiv(length, BLOCK_C)
-    for c in range(n_chunks):
-        c0 = (n_chunks - 1 - c) * BLOCK_C
-        b_end = _load_b_row(b_base, c0 + BLOCK_C - 1, d_k, BLOCK_DK)
-        new_d_state = d_state * tl.exp(b_end.to(tl.float32))[:, None]
-        n_sub = tl.cdiv(tl.minimum(length - c0, BLOCK_C), BLOCK_S)      # past the end: none
-        for j in range(n_sub):                                          # key sub-chunk j
-            t0 = c0 + j * BLOCK_S
-            rows = t0 + idx
-            q = _load_f32(q_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
-            k = _load_f32(k_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
-            v = _load_f32(v_base, rows, length, d_v, BLOCK_S, BLOCK_DV)
-            do = _load_f32(do_base, rows, length, d_v, BLOCK_S, BLOCK_DV) * scale
-            b = _load_b(b_base, rows, d_k, BLOCK_DK)
-            to_end = tl.exp((b_end[None, :] - b).to(tl.float32))
-            dk = tl.dot(v, tl.trans(d_state), input_precision="ieee") * to_end
-            dv = tl.dot(k * to_end, d_state, input_precision="ieee")
-            for i in range(j + 1, n_sub):                               # later query sub-chunks
-                rows_i = c0 + i * BLOCK_S + idx
-                q_i = _load_f32(q_base, rows_i, length, d_k, BLOCK_S, BLOCK_DK)
-                do_i = _load_f32(do_base, rows_i, length, d_v, BLOCK_S, BLOCK_DV) * scale
-                b_i = _load_b(b_base, rows_i, d_k, BLOCK_DK)
-                ref = _load_b_row(b_base, c0 + i * BLOCK_S, d_k, BLOCK_DK)
-                q_ref = q_i * tl.exp((b_i - ref[None, :]).to(tl.float32))
-                k_back = tl.exp((ref[None, :] - b).to(tl.float32))
-                scores = tl.dot(q_ref, tl.trans(k * k_back), input_precision="ieee")
-                d_scores = tl.dot(do_i, tl.trans(v), input_precision="ieee")
-                dv += tl.dot(tl.trans(scores), do_i, input_precision="ieee")
-                dk += tl.dot(tl.trans(d_scores), q_ref, input_precision="ieee") * k_back
-            local = (b - _load_b_row(b_base, t0, d_k, BLOCK_DK)[None, :]).to(tl.float32)
-            decay = _diag_decay(local, BLOCK_S)
-            scores = tl.sum(q[:, None, :] * k[None, :, :] * decay, 2)
-            d_scores = tl.dot(do, tl.trans(v), input_precision="ieee")
-            dk += tl.sum(d_scores[:, :, None] * q[:, None, :] * decay, 0)
-            dv += tl.dot(tl.trans(scores), do, input_precision="ieee")
-            _store(DK + n * length * d_k, dk, rows, length, d_k, BLOCK_DK)
-            _store(DV + n * length * d_v, dv, rows, length, d_v, BLOCK_DV)
-            q_start = q * tl.exp(b.to(tl.float32))                      # decayed from the start
-            new_d_state += tl.dot(tl.trans(q_start), do, input_precision="ieee")
-        d_state = new_d_state
-    _store(DH0 + n * d_k * d_v, d_state, ks, d_k, d_v, BLOCK_DV)
+    d_state = _load_f32(DH + (n * n_chunks + c) * d_k * d_v, ks, d_k, d_v, BLOCK_DK, BLOCK_DV)
+    b_end = _load_b_row(b_base, c0 + BLOCK_C - 1, d_k, BLOCK_DK)
+    for j in range(n_sub):                                              # key sub-chunk j
+        t0 = c0 + j * BLOCK_S
+        rows = t0 + idx
+        q = _load_f32(q_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
+        k = _load_f32(k_base, rows, length, d_k, BLOCK_S, BLOCK_DK)
+        v = _load_f32(v_base, rows, length, d_v, BLOCK_S, BLOCK_DV)
+        do = _load_f32(do_base, rows, length, d_v, BLOCK_S, BLOCK_DV) * scale
+        b = _load_b(b_base, rows, d_k, BLOCK_DK)
+        to_end = tl.exp((b_end[None, :] - b).to(tl.float32))
+        dk = tl.dot(v, tl.trans(d_state), input_precision="ieee") * to_end
+        dv = tl.dot(k * to_end, d_state, input_precision="ieee")
+        for i in range(j + 1, n_sub):                                   # later query sub-chunks
+            rows_i = c0 + i * BLOCK_S + idx
+            q_i = _load_f32(q_base, rows_i, length, d_k, BLOCK_S, BLOCK_DK)
+            do_i = _load_f32(do_base, rows_i, length, d_v, BLOCK_S, BLOCK_DV) * scale
+            b_i = _load_b(b_base, rows_i, d_k, BLOCK_DK)
+            ref = _load_b_row(b_base, c0 + i * BLOCK_S, d_k, BLOCK_DK)
+            q_ref = q_i * tl.exp((b_i - ref[None, :]).to(tl.float32))
+            k_back = tl.exp((ref[None, :] - b).to(tl.float32))
+            scores = tl.dot(q_ref, tl.trans(k * k_back), input_precision="ieee")
+            d_scores = tl.dot(do_i, tl.trans(v), input_precision="ieee")
+            dv += tl.dot(tl.trans(scores), do_i, input_precision="ieee")
+            dk += tl.dot(tl.trans(d_scores), q_ref, input_precision="ieee") * k_back
+        local = (b - _load_b_row(b_base, t0, d_k, BLOCK_DK)[None, :]).to(tl.float32)
+        decay = _diag_decay(local, BLOCK_S)
+        scores = tl.sum(q[:, None, :] * k[None, :, :] * decay, 2)
+        d_scores = tl.dot(do, tl.trans(v), input_precision="ieee")
+        dk += tl.sum(d_scores[:, :, None] * q[:, None, :] * decay, 0)
+        dv += tl.dot(tl.trans(scores), do, input_precision="ieee")
+        _store(DK + n * length * d_k, dk, rows, length, d_k, BLOCK_DK)
+        _store(DV + n * length * d_v, dv, rows, length, d_v, BLOCK_DV)
 
 
 def chunk_cumsum(log_g: torch.Tensor) -> torch.Tensor:
@@ -230,15 +260,33 @@ def chunk_cumsum(log_g: torch.Tensor) -> torch.Tensor:
 
 
 def _blocks(q, v):
-    """Chunk sizes, and head sizes padded to a power of two (at least 16, for ``tl.dot``)."""
-    return {"BLOCK_C": BLOCK_C, "BLOCK_S": BLOCK_S,
+    """Chunk length and head sizes padded to a power of two (at least 16, for ``tl.dot``);
+    the kernels that cut chunks into sub-chunks also take ``BLOCK_S``."""
+    return {"BLOCK_C": BLOCK_C,
             "BLOCK_DK": max(16, triton.next_power_of_2(q.shape[-1])),
             "BLOCK_DV": max(16, triton.next_power_of_2(v.shape[-1]))}
 
 
+def _states(k, v, b, h0, blocks):
+    """The fp32 states entering every chunk, ``(B, NT, d_k, d_v)``, and the final state."""
+    (batch, length, d_k), d_v = k.shape, v.shape[-1]
+    n_chunks = triton.cdiv(length, blocks["BLOCK_C"])
+    h = k.new_empty(batch, n_chunks, d_k, d_v, dtype=torch.float32)
+    h_t = torch.empty_like(h0)
+    _state_kernel[(batch,)](k, v, b, h0, h, h_t, length, b.shape[1], n_chunks, d_k, d_v,
+                            **blocks)
+    return h, h_t
+
+
 class ChunkGLA(torch.autograd.Function):
     """GLA on contiguous ``(B, L, d)`` tensors, ``log_g (B, L, d_k)`` and an fp32 initial state
-    ``(B, d_k, d_v)``; returns the output and the fp32 final state."""
+    ``(B, d_k, d_v)``; returns the output and the fp32 final state.
+
+    Forward: `_state_kernel` (one instance per matrix) stores the state entering each chunk,
+    then `_out_kernel` (one per chunk and matrix) computes the outputs. Backward: the states
+    again, `_d_state_kernel` (one per matrix, in reverse) stores the gradient of the state
+    leaving each chunk, then `_grad_kernel` (one per chunk and matrix) computes dq, dk, dv.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, log_g, h0, scale: float):
@@ -247,8 +295,11 @@ class ChunkGLA(torch.autograd.Function):
         out = torch.empty_like(v)
         h_t = torch.empty_like(h0)
         if batch:
-            _fwd_kernel[(batch,)](q, k, v, b, h0, out, h_t, length, b.shape[1], d_k, d_v, scale,
-                                  **_blocks(q, v))
+            blocks = _blocks(q, v)
+            h, h_t = _states(k, v, b, h0, blocks)
+            _out_kernel[(h.shape[1], batch)](q, k, v, b, h, out, length, b.shape[1],
+                                             h.shape[1], d_k, d_v, scale, BLOCK_S=BLOCK_S,
+                                             **blocks)
         ctx.save_for_backward(q, k, v, log_g, b, h0, h_t)
         ctx.scale = scale
         return out, h_t
@@ -262,9 +313,15 @@ class ChunkGLA(torch.autograd.Function):
         dq, dk = torch.empty_like(q, **f32), torch.empty_like(k, **f32)
         dv, dh0 = torch.empty_like(v, **f32), torch.empty_like(h0)
         if batch:
-            _bwd_kernel[(batch,)](q, k, v, b, h0, d_out.contiguous(), d_h_t.contiguous(),
-                                  dq, dk, dv, dh0, length, b.shape[1], d_k, d_v, ctx.scale,
-                                  **_blocks(q, v))
+            blocks = _blocks(q, v)
+            h, _ = _states(k, v, b, h0, blocks)                   # recomputed, not saved
+            d_out, dh = d_out.contiguous(), torch.empty_like(h)
+            padded, n_chunks = b.shape[1], h.shape[1]
+            _d_state_kernel[(batch,)](q, b, d_out, d_h_t.contiguous(), dh, dh0, length, padded,
+                                      n_chunks, d_k, d_v, ctx.scale, **blocks)
+            _grad_kernel[(n_chunks, batch)](q, k, v, b, h, d_out, dh, dq, dk, dv, length, padded,
+                                            n_chunks, d_k, d_v, ctx.scale, BLOCK_S=BLOCK_S,
+                                            **blocks)
         # Per key dimension, every path from step t on carries e^{c_t} (c: the cumulative log
         # gate from the start): q_t multiplies terms that carry +c_t, k_t terms that carry -c_t,
         # and row i of the final state +c_L. Hence dL/dc_t = q_t ⊙ dq_t - k_t ⊙ dk_t (+ the rows
