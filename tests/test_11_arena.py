@@ -291,3 +291,53 @@ def test_based_features_give_the_taylor_kernel_of_exp_M11_6():
     assert torch.allclose(fq @ fk.transpose(-2, -1), 1 + s + s ** 2 / 2, rtol=1e-12, atol=1e-12)
     small, big = (decode_state_bytes(ArenaLM("based", 10, 16, 1, feature_dim=f, window=2), 50) for f in (2, 4))
     assert big - small == 2 * ((1 + 4 + 16) - (1 + 2 + 4)) * (8 + 1) * 4
+
+
+LR_WINDOW = ROOT / "experiments" / "results" / "lr_window.json"
+PROTOCOL = ROOT / "benchmarks" / "results" / "arena_protocol.json"
+
+
+def _protocol_first_losses() -> dict:
+    """The protocol's first-step loss per (family, lr, seed) at its learning-rate point (no gate bias)."""
+    proto = json.loads(PROTOCOL.read_text())
+    cfg = proto["config"]
+    return {(r["family"], r["lr"], r["seed"]): r["loss_first"] for r in proto["runs"]
+            if (r["pairs"], r["d_model"], r["gate_bias"]) == (cfg["pairs_fixed"], cfg["d_fixed"], 0.0)}
+
+
+@pytest.mark.slow
+def test_lr_window_script_trains_as_the_protocol_does_M11_6(tmp_path):
+    """``experiments/lr_window.py --quick``: one run per learning rate, saved after every run, and the same
+    model and first batch as the protocol's run at that point (the first loss comes before any update)."""
+    out = tmp_path / "lr_window.json"
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "lr_window.py"), "--quick", "--families",
+                    "softmax", "--out", str(out)], check=True, cwd=ROOT, capture_output=True, timeout=300,
+                   env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    result = json.loads(out.read_text())
+    cfg = result["config"]
+    assert result["complete"] and cfg["steps"] == 30 and cfg["seeds"] == [0]
+    assert [(r["family"], r["lr"], r["seed"]) for r in result["runs"]] == [("softmax", lr, 0) for lr in cfg["lrs"]]
+    first = _protocol_first_losses()
+    shared = [r for r in result["runs"] if ("softmax", r["lr"], 0) in first]
+    assert shared
+    for r in shared:
+        assert r["loss_first"] == pytest.approx(first[("softmax", r["lr"], 0)], rel=1e-5), r
+        assert r["loss_last"] < r["loss_first"]
+
+
+def test_saved_lr_window_runs_are_complete_and_match_the_protocol_M11_6():
+    """Chapter 11's Figure 11.3d reads these runs: every family at every learning rate and seed exactly once, at
+    the protocol's learning-rate point, and each run starting where the protocol's run with that seed starts."""
+    saved = json.loads(LR_WINDOW.read_text())
+    cfg, proto_cfg = saved["config"], json.loads(PROTOCOL.read_text())["config"]
+    assert saved["complete"] and cfg["steps"] > proto_cfg["steps"]
+    assert (cfg["pairs"], cfg["d_model"], cfg["batch"]) == (proto_cfg["pairs_fixed"], proto_cfg["d_fixed"],
+                                                           proto_cfg["batch"])
+    assert set(proto_cfg["lrs"]) < set(cfg["lrs"]) and len(set(cfg["seeds"])) >= 3
+    keys = [(r["family"], r["lr"], r["seed"]) for r in saved["runs"]]
+    assert sorted(keys) == sorted((f, lr, s) for f in cfg["families"] for lr in cfg["lrs"] for s in cfg["seeds"])
+    assert all(0.0 <= r["accuracy"] <= 1.0 and r["wall_s"] > 0 for r in saved["runs"])
+    first = _protocol_first_losses()
+    for r in saved["runs"]:
+        if (r["family"], r["lr"], r["seed"]) in first:
+            assert r["loss_first"] == pytest.approx(first[(r["family"], r["lr"], r["seed"])], rel=1e-5), r
