@@ -71,6 +71,30 @@ def _check_served(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
 
 
+def _gates_and_initial_state(q: torch.Tensor, v: torch.Tensor, log_g: torch.Tensor,
+                             initial_state: torch.Tensor | None) -> torch.Tensor:
+    """Check the log gates' dtype and values and the initial state (shape-checked ``log_g``);
+    return the initial state as a contiguous fp32 ``(B, d_k, d_v)`` stack (zeros if None)."""
+    compute = {q.dtype, torch.float32}
+    if log_g.dtype not in compute:
+        raise TypeError(f"log_g must have dtype {q.dtype} or torch.float32, got {log_g.dtype}")
+    if not bool((torch.isfinite(log_g) & (log_g <= 0)).all()):
+        raise ValueError(f"log_g must be finite and <= 0 (log forget gates), got values in "
+                         f"[{log_g.min().item():.4g}, {log_g.max().item():.4g}]")
+    lead, d_k, d_v = q.shape[:-2], q.shape[-1], v.shape[-1]
+    batch = math.prod(lead)
+    if initial_state is None:
+        return torch.zeros(batch, d_k, d_v, dtype=torch.float32, device=q.device)
+    check_tensor("initial_state", initial_state, floating=True)
+    if initial_state.shape != (*lead, d_k, d_v):
+        raise ValueError(f"initial_state must have shape (..., d_k, d_v) = "
+                         f"{(*lead, d_k, d_v)}, got {tuple(initial_state.shape)}")
+    if initial_state.dtype not in compute:
+        raise TypeError(f"initial_state must have dtype {q.dtype} or torch.float32, got "
+                        f"{initial_state.dtype}")
+    return initial_state.float().reshape(batch, d_k, d_v).contiguous()
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     scale: float | None = None) -> torch.Tensor:
     """FlashAttention-2 in Triton: ``softmax(q k^T * scale) v`` without storing the scores.
@@ -119,25 +143,9 @@ def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: t
     if log_g.shape != q.shape[:-1]:
         raise ValueError(f"log_g must have shape (..., L) = {tuple(q.shape[:-1])} (one gate per "
                          f"step and head), got {tuple(log_g.shape)}")
-    compute = {q.dtype, torch.float32}
-    if log_g.dtype not in compute:
-        raise TypeError(f"log_g must have dtype {q.dtype} or torch.float32, got {log_g.dtype}")
-    if not bool((torch.isfinite(log_g) & (log_g <= 0)).all()):
-        raise ValueError(f"log_g must be finite and <= 0 (log forget gates), got values in "
-                         f"[{log_g.min().item():.4g}, {log_g.max().item():.4g}]")
+    h0 = _gates_and_initial_state(q, v, log_g, initial_state)
     lead, length, d_k, d_v = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
-    batch = math.prod(lead)
-    if initial_state is None:
-        h0 = torch.zeros(batch, d_k, d_v, dtype=torch.float32, device=q.device)
-    else:
-        check_tensor("initial_state", initial_state, floating=True)
-        if initial_state.shape != (*lead, d_k, d_v):
-            raise ValueError(f"initial_state must have shape (..., d_k, d_v) = "
-                             f"{(*lead, d_k, d_v)}, got {tuple(initial_state.shape)}")
-        if initial_state.dtype not in compute:
-            raise TypeError(f"initial_state must have dtype {q.dtype} or torch.float32, got "
-                            f"{initial_state.dtype}")
-        h0 = initial_state.float().reshape(batch, d_k, d_v).contiguous()
+    batch = h0.shape[0]
     gla = _import_kernels("_simple_gla")
     _check_device("chunk_simple_gla", q.device, q.dtype, gla.INTERPRETED)
 
@@ -169,25 +177,9 @@ def chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Te
     if log_g.shape != k.shape:
         raise ValueError(f"log_g must have the shape of k (..., L, d_k) = {tuple(k.shape)}, got "
                          f"{tuple(log_g.shape)}")
-    compute = {q.dtype, torch.float32}
-    if log_g.dtype not in compute:
-        raise TypeError(f"log_g must have dtype {q.dtype} or torch.float32, got {log_g.dtype}")
-    if not bool((torch.isfinite(log_g) & (log_g <= 0)).all()):
-        raise ValueError(f"log_g must be finite and <= 0 (log forget gates), got values in "
-                         f"[{log_g.min().item():.4g}, {log_g.max().item():.4g}]")
+    h0 = _gates_and_initial_state(q, v, log_g, initial_state)
     lead, length, d_k, d_v = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
-    batch = math.prod(lead)
-    if initial_state is None:
-        h0 = torch.zeros(batch, d_k, d_v, dtype=torch.float32, device=q.device)
-    else:
-        check_tensor("initial_state", initial_state, floating=True)
-        if initial_state.shape != (*lead, d_k, d_v):
-            raise ValueError(f"initial_state must have shape (..., d_k, d_v) = "
-                             f"{(*lead, d_k, d_v)}, got {tuple(initial_state.shape)}")
-        if initial_state.dtype not in compute:
-            raise TypeError(f"initial_state must have dtype {q.dtype} or torch.float32, got "
-                            f"{initial_state.dtype}")
-        h0 = initial_state.float().reshape(batch, d_k, d_v).contiguous()
+    batch = h0.shape[0]
     gla = _import_kernels("_gla")
     _check_device("chunk_gla", q.device, q.dtype, gla.INTERPRETED)
 
