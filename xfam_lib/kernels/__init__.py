@@ -95,6 +95,27 @@ def _gates_and_initial_state(q: torch.Tensor, v: torch.Tensor, log_g: torch.Tens
     return initial_state.float().reshape(batch, d_k, d_v).contiguous()
 
 
+def _chunked(name: str, module: str, function: str, q, k, v, log_g, scale, initial_state,
+             return_final_state: bool):
+    """Run a chunked gated-linear-attention kernel (``module.function``, an autograd Function of
+    contiguous ``(B, L, d)`` stacks) on checked inputs with any leading dims."""
+    scale = resolve_scale(scale, q.shape[-1])
+    _check_served(name, q, k, v)
+    h0 = _gates_and_initial_state(q, v, log_g, initial_state)
+    lead, length, d_k, d_v = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
+    batch = h0.shape[0]
+    kernel_module = _import_kernels(module)
+    _check_device(name, q.device, q.dtype, kernel_module.INTERPRETED)
+
+    def stack(t):                       # (..., L[, d]) -> contiguous (B, L[, d])
+        return t.reshape(batch, length, *t.shape[len(lead) + 1:]).contiguous()
+
+    out, final = getattr(kernel_module, function).apply(stack(q), stack(k), stack(v), stack(log_g),
+                                                        h0, scale)
+    out = out.reshape(*lead, length, d_v)
+    return (out, final.reshape(*lead, d_k, d_v)) if return_final_state else out
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     scale: float | None = None) -> torch.Tensor:
     """FlashAttention-2 in Triton: ``softmax(q k^T * scale) v`` without storing the scores.
@@ -137,24 +158,12 @@ def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: t
     state is fp32. Differentiable in ``q, k, v, log_g`` and ``initial_state``.
     """
     check_qkv(q, k, v, same_length=True)
-    scale = resolve_scale(scale, q.shape[-1])
-    _check_served("chunk_simple_gla", q, k, v)
     check_tensor("log_g", log_g, floating=True)
     if log_g.shape != q.shape[:-1]:
         raise ValueError(f"log_g must have shape (..., L) = {tuple(q.shape[:-1])} (one gate per "
                          f"step and head), got {tuple(log_g.shape)}")
-    h0 = _gates_and_initial_state(q, v, log_g, initial_state)
-    lead, length, d_k, d_v = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
-    batch = h0.shape[0]
-    gla = _import_kernels("_simple_gla")
-    _check_device("chunk_simple_gla", q.device, q.dtype, gla.INTERPRETED)
-
-    out, final = gla.ChunkSimpleGLA.apply(
-        q.reshape(batch, length, d_k).contiguous(), k.reshape(batch, length, d_k).contiguous(),
-        v.reshape(batch, length, d_v).contiguous(), log_g.reshape(batch, length).contiguous(),
-        h0, scale)
-    out = out.reshape(*lead, length, d_v)
-    return (out, final.reshape(*lead, d_k, d_v)) if return_final_state else out
+    return _chunked("chunk_simple_gla", "_simple_gla", "ChunkSimpleGLA", q, k, v, log_g, scale,
+                    initial_state, return_final_state)
 
 
 def chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Tensor, *,
@@ -171,24 +180,12 @@ def chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Te
     final state is fp32. Differentiable in ``q, k, v, log_g`` and ``initial_state``.
     """
     check_qkv(q, k, v, same_length=True)
-    scale = resolve_scale(scale, q.shape[-1])
-    _check_served("chunk_gla", q, k, v)
     check_tensor("log_g", log_g, floating=True)
     if log_g.shape != k.shape:
         raise ValueError(f"log_g must have the shape of k (..., L, d_k) = {tuple(k.shape)}, got "
                          f"{tuple(log_g.shape)}")
-    h0 = _gates_and_initial_state(q, v, log_g, initial_state)
-    lead, length, d_k, d_v = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
-    batch = h0.shape[0]
-    gla = _import_kernels("_gla")
-    _check_device("chunk_gla", q.device, q.dtype, gla.INTERPRETED)
-
-    out, final = gla.ChunkGLA.apply(
-        q.reshape(batch, length, d_k).contiguous(), k.reshape(batch, length, d_k).contiguous(),
-        v.reshape(batch, length, d_v).contiguous(),
-        log_g.reshape(batch, length, d_k).contiguous(), h0, scale)
-    out = out.reshape(*lead, length, d_v)
-    return (out, final.reshape(*lead, d_k, d_v)) if return_final_state else out
+    return _chunked("chunk_gla", "_gla", "ChunkGLA", q, k, v, log_g, scale, initial_state,
+                    return_final_state)
 
 
 def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
