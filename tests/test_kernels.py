@@ -250,6 +250,47 @@ def test_flash_autotuned_launch_path(monkeypatch):
     flash.flash_forward(q, k, k, True, 0.25)                # a shape seen before: no tuning
     assert len(tuned[flash._fwd_kernel.fn].cache) == 2
 
+def check_gated_kernel(kernel, inputs, dtype, device, gen, per_key):
+    """Output, final state and all gradients of a chunked kernel (`chunk_simple_gla`,
+    `chunk_gla`) against `gated_linear_attention`'s chunk form in fp64 (tests/test_8_linear.py
+    holds that to the recurrence). ``inputs``: fp64 ``[q, k, v, log_g]`` and optionally the
+    initial state, already rounded to ``dtype``; ``per_key``: ``log_g`` has one gate per key
+    dimension, else one per step (broadcast over ``d_k`` for the reference)."""
+    with_state = len(inputs) == 5
+    ref_in = [t.requires_grad_() for t in inputs]
+    q, k, v, log_g = ref_in[:4]
+    gate = log_g if per_key else log_g[..., None].expand_as(k)
+    ref, ref_state = gated_linear_attention(q, k, v, gate, mode="chunk",
+                                            initial_state=ref_in[4] if with_state else None,
+                                            return_final_state=True)
+    cot, cot_state = randn(*ref.shape, gen=gen).to(dtype), randn(*ref_state.shape, gen=gen)
+    ref_grads = torch.autograd.grad((ref * cot).sum() + (ref_state * cot_state).sum(), ref_in)
+
+    ker_in = [t.detach().to(device, dtype).requires_grad_() for t in inputs[:4]]
+    if with_state:
+        ker_in.append(inputs[4].detach().to(device, torch.float32).requires_grad_())
+    out, state = kernel(*ker_in[:4], initial_state=ker_in[4] if with_state else None,
+                        return_final_state=True)
+    assert out.dtype == dtype and state.dtype == torch.float32
+    atol, rtol = tolerance_for(out)
+    assert_close(out.cpu(), ref, name="output")
+    assert_close(state.cpu(), ref_state, atol=atol, rtol=rtol, name="final state")
+    loss = (out * cot.to(device)).sum() + (state * cot_state.to(device, torch.float32)).sum()
+    ker_grads = torch.autograd.grad(loss, ker_in)
+    for name, got, want in zip(("dq", "dk", "dv", "dlog_g", "d_initial_state"), ker_grads,
+                               ref_grads):
+        assert got.dtype == (torch.float32 if name == "d_initial_state" else dtype), name
+        if name != "dlog_g":
+            assert_close(got.cpu().to(dtype), want, name=name)
+    dq, dk = ref_grads[:2]
+    with torch.no_grad():
+        terms = (q * dq).abs() + (k * dk).abs()           # per step and key dimension
+    if per_key:
+        assert_close_d_log_g(ker_grads[3], ref_grads[3], terms, time_dim=-2)
+    else:
+        assert_close_d_log_g(ker_grads[3], ref_grads[3], terms.sum(-1), time_dim=-1)
+
+
 def check_simple_gla(lead, length, d_k, d_v, max_decay, with_state, dtype, device=DEVICE,
                      seed=0):
     """Output, final state and all gradients of `chunk_simple_gla` against the fp64 reference;
@@ -261,33 +302,7 @@ def check_simple_gla(lead, length, d_k, d_v, max_decay, with_state, dtype, devic
     log_g = log_g.to(dtype).double()
     h0 = randn(*lead, d_k, d_v, gen=gen).float().double() if with_state else None
     inputs = [q, k, v, log_g] + ([h0] if with_state else [])
-    ref_in = [t.requires_grad_() for t in inputs]
-    # the library's chunk form, in fp64 (tests/test_8_linear.py holds it to the recurrence)
-    ref, ref_state = gated_linear_attention(*ref_in[:3], ref_in[3][..., None].expand_as(k),
-                                            mode="chunk",
-                                            initial_state=ref_in[4] if with_state else None,
-                                            return_final_state=True)
-    cot, cot_state = randn(*ref.shape, gen=gen).to(dtype), randn(*ref_state.shape, gen=gen)
-    ref_grads = torch.autograd.grad((ref * cot).sum() + (ref_state * cot_state).sum(), ref_in)
-
-    ker_in = [t.detach().to(device, dtype).requires_grad_() for t in inputs[:4]]
-    if with_state:
-        ker_in.append(h0.detach().to(device, torch.float32).requires_grad_())
-    out, state = chunk_simple_gla(*ker_in[:4], initial_state=ker_in[4] if with_state else None,
-                                  return_final_state=True)
-    assert out.dtype == dtype and state.dtype == torch.float32
-    assert_close(out.cpu(), ref, name="output")
-    assert_close(state.cpu(), ref_state, atol=tolerance_for(out)[0],
-                 rtol=tolerance_for(out)[1], name="final state")
-    loss = (out * cot.to(device)).sum() + (state * cot_state.to(device, torch.float32)).sum()
-    ker_grads = torch.autograd.grad(loss, ker_in)
-    names = ("dq", "dk", "dv", "dlog_g", "d_initial_state")
-    for name, got, want in zip(names, ker_grads, ref_grads):
-        if name != "dlog_g":
-            assert_close(got.cpu().to(dtype), want, name=name)
-    dq, dk = ref_grads[:2]
-    sizes = (q * dq).abs().sum(-1) + (k * dk).abs().sum(-1)
-    assert_close_d_log_g(ker_grads[3], ref_grads[3], sizes, time_dim=-1)
+    check_gated_kernel(chunk_simple_gla, inputs, dtype, device, gen, per_key=False)
 
 
 def assert_close_d_log_g(got, want, sizes, time_dim):
@@ -348,32 +363,7 @@ def check_gla(lead, length, d_k, d_v, gates, with_state, dtype, device=DEVICE, s
     log_g = log_g.to(dtype).double()
     h0 = randn(*lead, d_k, d_v, gen=gen).float().double() if with_state else None
     inputs = [q, k, v, log_g] + ([h0] if with_state else [])
-    ref_in = [t.requires_grad_() for t in inputs]
-    ref, ref_state = gated_linear_attention(*ref_in[:4], mode="chunk",
-                                            initial_state=ref_in[4] if with_state else None,
-                                            return_final_state=True)
-    cot, cot_state = randn(*ref.shape, gen=gen).to(dtype), randn(*ref_state.shape, gen=gen)
-    ref_grads = torch.autograd.grad((ref * cot).sum() + (ref_state * cot_state).sum(), ref_in)
-
-    ker_in = [t.detach().to(device, dtype).requires_grad_() for t in inputs[:4]]
-    if with_state:
-        ker_in.append(h0.detach().to(device, torch.float32).requires_grad_())
-    out, state = chunk_gla(*ker_in[:4], initial_state=ker_in[4] if with_state else None,
-                           return_final_state=True)
-    assert out.dtype == dtype and state.dtype == torch.float32
-    atol, rtol = tolerance_for(out)
-    assert_close(out.cpu(), ref, name="output")
-    assert_close(state.cpu(), ref_state, atol=atol, rtol=rtol, name="final state")
-    loss = (out * cot.to(device)).sum() + (state * cot_state.to(device, torch.float32)).sum()
-    ker_grads = torch.autograd.grad(loss, ker_in)
-    for name, got, want in zip(("dq", "dk", "dv", "dlog_g", "d_initial_state"), ker_grads,
-                               ref_grads):
-        assert got.dtype == (torch.float32 if name == "d_initial_state" else dtype), name
-        if name != "dlog_g":
-            assert_close(got.cpu().to(dtype), want, name=name)
-    dq, dk = ref_grads[:2]
-    assert_close_d_log_g(ker_grads[3], ref_grads[3], (q * dq).abs() + (k * dk).abs(),
-                         time_dim=-2)
+    check_gated_kernel(chunk_gla, inputs, dtype, device, gen, per_key=True)
 
 
 # (leading dims, L, d_k, d_v, log gates' range, initial state): one chunk (64 steps, in
