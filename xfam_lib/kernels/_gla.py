@@ -49,7 +49,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from ._mode import interpreted
-from ._simple_gla import _load_f32, _store
+from ._simple_gla import _blocks, _load_f32, _store
 
 # True when the kernels below were built for Triton's CPU interpreter.
 INTERPRETED = interpreted()
@@ -259,14 +259,6 @@ def chunk_cumsum(log_g: torch.Tensor) -> torch.Tensor:
     return g.view(batch, -1, BLOCK_C, d_k).cumsum(2).view(batch, padded, d_k)
 
 
-def _blocks(q, v):
-    """Chunk length and head sizes padded to a power of two (at least 16, for ``tl.dot``);
-    the kernels that cut chunks into sub-chunks also take ``BLOCK_S``."""
-    return {"BLOCK_C": BLOCK_C,
-            "BLOCK_DK": max(16, triton.next_power_of_2(q.shape[-1])),
-            "BLOCK_DV": max(16, triton.next_power_of_2(v.shape[-1]))}
-
-
 def _states(k, v, b, h0, blocks):
     """The fp32 states entering every chunk, ``(B, NT, d_k, d_v)``, and the final state."""
     (batch, length, d_k), d_v = k.shape, v.shape[-1]
@@ -295,7 +287,7 @@ class ChunkGLA(torch.autograd.Function):
         out = torch.empty_like(v)
         h_t = torch.empty_like(h0)
         if batch:
-            blocks = _blocks(q, v)
+            blocks = _blocks(q, v, BLOCK_C)
             h, h_t = _states(k, v, b, h0, blocks)
             _out_kernel[(h.shape[1], batch)](q, k, v, b, h, out, length, b.shape[1],
                                              h.shape[1], d_k, d_v, scale, BLOCK_S=BLOCK_S,
@@ -313,7 +305,7 @@ class ChunkGLA(torch.autograd.Function):
         dq, dk = torch.empty_like(q, **f32), torch.empty_like(k, **f32)
         dv, dh0 = torch.empty_like(v, **f32), torch.empty_like(h0)
         if batch:
-            blocks = _blocks(q, v)
+            blocks = _blocks(q, v, BLOCK_C)
             h, _ = _states(k, v, b, h0, blocks)                   # recomputed, not saved
             d_out, dh = d_out.contiguous(), torch.empty_like(h)
             padded, n_chunks = b.shape[1], h.shape[1]

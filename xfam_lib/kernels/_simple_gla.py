@@ -161,9 +161,9 @@ def _grad_kernel(Q, K, V, G, H, DO, DH, DQ, DK, DV, length, n_chunks, d_k, d_v, 
     _store(DV + b * length * d_v, dv, rows, length, d_v, BLOCK_DV)
 
 
-def _blocks(q, v):
+def _blocks(q, v, block_c=BLOCK_C):
     """Chunk length and head sizes padded to a power of two (at least 16, for ``tl.dot``)."""
-    return {"BLOCK_C": BLOCK_C, "BLOCK_DK": max(16, triton.next_power_of_2(q.shape[-1])),
+    return {"BLOCK_C": block_c, "BLOCK_DK": max(16, triton.next_power_of_2(q.shape[-1])),
             "BLOCK_DV": max(16, triton.next_power_of_2(v.shape[-1]))}
 
 
