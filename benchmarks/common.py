@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -19,6 +18,8 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
+
+from xfam_lib.utils import machine_record
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -103,12 +104,10 @@ def _version(dist: str) -> str | None:
 
 
 def machine(device: torch.device | str = "cpu") -> dict:
-    """The CPU's description; on CUDA also the GPU's name and the CUDA, Triton and fla-core versions."""
-    out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
-           "cpu": platform.processor() or platform.machine()}
+    """`xfam_lib.utils.machine_record` of ``device``; on CUDA also the CUDA, Triton and fla-core versions."""
+    out = machine_record(device)
     if torch.device(device).type == "cuda":
-        out.update(device=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
-                   triton=_version("triton"), fla=_version("fla-core"))
+        out.update(cuda=torch.version.cuda, triton=_version("triton"), fla=_version("fla-core"))
     return out
 
 

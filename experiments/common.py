@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
-import torch
+from xfam_lib.utils import machine_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
@@ -47,11 +46,11 @@ def recipe_from() -> str:
 
 
 def save_result(path: Path, result: dict, *, threads: int, start: float) -> dict:
-    """Add ``wall_time_s`` (since ``start``, a ``time.perf_counter()`` value) and ``machine`` to
-    ``result``, write it to ``path`` as JSON (creating the folder) and return it."""
+    """Add ``wall_time_s`` (since ``start``, a ``time.perf_counter()`` value) and ``machine``
+    (`xfam_lib.utils.machine_record`: what a chapter needs to tell whether a rerun here repeats it bit for
+    bit) to ``result``, write it to ``path`` as JSON (creating the folder) and return it."""
     result = {**result, "wall_time_s": round(time.perf_counter() - start, 1),
-              "machine": {"torch": torch.__version__, "threads": threads, "python": platform.python_version(),
-                          "platform": f"{platform.system()} {platform.machine()}"}}
+              "machine": machine_record("cpu", threads=threads)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path} in {result['wall_time_s']:.0f} s")

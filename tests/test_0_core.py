@@ -8,7 +8,9 @@ import torch
 
 from xfam_lib import bench, plots, utils, widgets
 from xfam_lib.attention import MultiHeadAttention
-from xfam_lib.testing import assert_close, check_causal, check_permutation_equivariance, tolerance_for
+from xfam_lib.testing import (assert_close, assert_within_seed_spread, check_causal, check_permutation_equivariance,
+                              seed_spread_bounds, tolerance_for)
+from xfam_lib.utils import machine_record, same_machine
 
 
 def test_pick_device_and_override(monkeypatch):
@@ -202,3 +204,33 @@ def test_assert_close_reports_no_relative_error_for_near_zero_expected_values():
     assert "relative RMS error" not in str(near_zero.value) and "near 0" in str(near_zero.value)
     with pytest.raises(AssertionError, match=r"relative RMS error 1\.000e\+00"):
         assert_close(torch.full((3,), 2.0, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
+
+
+def test_machine_record_names_the_kernel_set_and_threads_and_only_a_full_match_is_the_same_machine(monkeypatch):
+    """Saved results record the machine; exact comparison only when every key matches."""
+    here = machine_record("cpu")
+    assert here["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert here["threads"] == torch.get_num_threads() and machine_record(threads=1)["threads"] == 1
+    assert same_machine(here) and same_machine(dict(here))
+    assert not same_machine(None) and not same_machine("AVX512")
+    for key in ("torch", "cpu_capability", "threads", "cpu", "device"):
+        other = {**here, key: "elsewhere"}
+        assert not same_machine(other), key
+        missing = {k: v for k, v in here.items() if k != key}       # an older record without the key
+        assert not same_machine(missing), key
+    assert same_machine({**here, "python": "3.0.0", "platform": "elsewhere"})   # not part of the match
+
+
+def test_a_rerun_elsewhere_is_checked_within_the_saved_seeds_range_widened_by_its_width():
+    assert seed_spread_bounds([0.94, 0.99, 0.97]) == pytest.approx((0.89, 1.04))
+    assert seed_spread_bounds([3, 3, 3], floor=2) == (1, 5)
+    assert_within_seed_spread("exact", 0.90, [0.94, 0.99, 0.97])
+    with pytest.raises(AssertionError, match=r"exact: the live run gives 0.88, outside \[0.89, 1.04\]"):
+        assert_within_seed_spread("exact", 0.88, [0.94, 0.99, 0.97])
+    with pytest.raises(AssertionError, match="outside"):
+        assert_within_seed_spread("count", 6, [3, 3, 3], floor=2)
+    for bad in ([1.0], [1.0, float("nan")]):
+        with pytest.raises(ValueError, match="saved must hold at least 2 numbers"):
+            seed_spread_bounds(bad)
+    with pytest.raises(ValueError, match="floor must be >= 0"):
+        seed_spread_bounds([1, 2], floor=float("nan"))

@@ -23,6 +23,8 @@ __all__ = [
     "mc_variance",
     "randn",
     "grads",
+    "seed_spread_bounds",
+    "assert_within_seed_spread",
 ]
 
 # (atol, rtol) per dtype; an element passes when |actual - expected| <= atol + rtol * |expected|.
@@ -222,3 +224,28 @@ def grads(out: torch.Tensor, inputs, cotangent: torch.Tensor) -> tuple[torch.Ten
     ``inputs``, zeros for an input ``out`` does not use; the graph is kept for further calls."""
     return torch.autograd.grad((out * cotangent).sum(), inputs, retain_graph=True, allow_unused=True,
                                materialize_grads=True)
+
+
+def seed_spread_bounds(saved, *, floor: float = 0.0) -> tuple[float, float]:
+    """The interval a rerun of a saved multi-seed result is expected in on another machine: the saved
+    seeds' range widened on each side by its own width (at least ``floor``). Rounding differences
+    between machines make a training run diverge like a fresh seed, and with 3 seeds a fresh draw
+    lands outside the plain range half the time; widened by the range it rarely does."""
+    values = [float(v) for v in saved]
+    if len(values) < 2 or not all(v == v for v in values):
+        raise ValueError(f"saved must hold at least 2 numbers without NaN, got {values}")
+    if not (floor >= 0):
+        raise ValueError(f"floor must be >= 0, got {floor}")
+    lo, hi = min(values), max(values)
+    width = max(hi - lo, floor)
+    return lo - width, hi + width
+
+
+def assert_within_seed_spread(name: str, live: float, saved, *, floor: float = 0.0) -> None:
+    """Assert that ``live`` (this machine's run of one seed) lies in `seed_spread_bounds` of the saved
+    seeds' values: how a chapter checks a saved result made on another machine (on the same machine it
+    compares exactly, `xfam_lib.utils.same_machine`)."""
+    lo, hi = seed_spread_bounds(saved, floor=floor)
+    if not lo <= float(live) <= hi:
+        raise AssertionError(f"{name}: the live run gives {float(live):.6g}, outside [{lo:.6g}, {hi:.6g}], "
+                             f"the saved seeds' range {[round(float(v), 6) for v in saved]} widened by its width")

@@ -1,4 +1,5 @@
-"""Device choice, seeding, size presets, argument checks and `show_source`.
+"""Device choice, seeding, size presets, argument checks, `show_source` and the machine record of a
+saved result.
 
 This is the bottom of the library: it imports nothing from the rest of `xfam_lib`.
 """
@@ -8,6 +9,7 @@ import inspect
 import math
 import numbers
 import os
+import platform
 import random
 from dataclasses import dataclass
 
@@ -32,6 +34,8 @@ __all__ = [
     "check_block_size",
     "glue",
     "compute_dtype",
+    "machine_record",
+    "same_machine",
 ]
 
 
@@ -226,3 +230,44 @@ def glue(**values) -> None:
         bundle, metadata = format_display_data(value)
         metadata["scrapbook"] = {"name": name, "mime_prefix": GLUE_PREFIX}
         display({GLUE_PREFIX + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
+
+
+# What decides whether a rerun repeats a saved run bit for bit. PyTorch promises no bitwise equality
+# across versions, CPU kernel sets (ATEN_CPU_CAPABILITY), thread counts, CPU models or devices.
+MACHINE_KEYS = ("torch", "cpu_capability", "threads", "cpu", "device")
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_record(device: torch.device | str = "cpu", *, threads: int | None = None) -> dict:
+    """The machine a result is computed on, as saved results record it: torch version, the CPU kernel
+    set PyTorch dispatches to (``torch.backends.cpu.get_cpu_capability()``, e.g. ``AVX512``), intra-op
+    threads (``threads``, default ``torch.get_num_threads()``), CPU model, device (``cpu`` or the
+    GPU's name), Python and platform."""
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": int(threads if threads is not None else torch.get_num_threads()),
+            "cpu": _cpu_model(), "device": name, "python": platform.python_version(),
+            "platform": f"{platform.system()} {platform.machine()}"}
+
+
+def same_machine(record: dict | None, device: torch.device | str = "cpu") -> bool:
+    """Whether a run here on ``device`` would repeat, bit for bit, a saved run made on ``record``'s
+    machine: the same torch version, CPU kernel set, thread count, CPU model and device. A record that
+    lacks any of these (older saved results) never matches, so it is compared within its seeds'
+    spread instead (`xfam_lib.testing.assert_within_seed_spread`)."""
+    if not isinstance(record, dict):
+        return False
+    here = machine_record(device)
+    return all(key in record and record[key] == here[key] for key in MACHINE_KEYS)
