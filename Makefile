@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 TORCH_CPU_INDEX ?= $(if $(and $(filter Linux,$(shell uname -s)),$(if $(shell command -v nvidia-smi),,cpu)),https://download.pytorch.org/whl/cpu)
 TORCH_PIN := $(shell grep -E '^torch==' requirements.txt | cut -d' ' -f1)
 
-.PHONY: book test bench exercises grade lock clean
+.PHONY: book test isa-matrix bench exercises grade lock clean
 
 $(STAMP): requirements.txt requirements-grading.txt requirements-lock.txt requirements-nodeps.txt pyproject.toml exercises/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
@@ -34,6 +34,10 @@ book: $(STAMP)
 ## make test: library tests, exercises, notebooks (nbval), the -W book build and a headless-browser check
 test: $(STAMP)
 	@bash scripts/test_all.sh
+
+## make isa-matrix [ARGS="OMP_NUM_THREADS=1"]: every chapter under each CPU kernel set, alone and with the saved results
+isa-matrix: $(STAMP)
+	bash scripts/isa_matrix.sh $(ARGS)
 
 ## make bench: the performance benchmarks (JSON results and plots in benchmarks/results/)
 bench: $(STAMP)
