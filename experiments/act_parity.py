@@ -15,8 +15,6 @@ Usage: ``python experiments/act_parity.py [--seeds 0 1 2] [--steps 3000] [--n-bi
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from pathlib import Path
 
@@ -24,6 +22,8 @@ import torch
 from tqdm import tqdm
 
 from xfam_lib.ablations import train_parity
+
+from common import save_result   # experiments/common.py
 
 OUT = Path(__file__).resolve().parent / "results" / "act_parity.json"
 
@@ -40,19 +40,15 @@ def main() -> None:
     torch.set_num_threads(1)
     config = {"n_bits": args.n_bits, "hidden": 128, "max_steps": 12, "tau": args.tau, "steps": args.steps,
               "batch": 128, "lr": args.lr, "threshold": 0.99, "seeds": args.seeds}
-    start, per_seed = time.time(), []
+    start, per_seed = time.perf_counter(), []
     for seed in tqdm(args.seeds, desc="parity (ACT), seeds", unit="run"):
         per_seed.append(train_parity(args.n_bits, config["hidden"], config["max_steps"], args.tau, args.steps,
                                      config["batch"], config["lr"], seed))
         print(f"seed {seed}: ponder by difficulty " + " ".join(f"{p:.2f}" for p in per_seed[-1]["ponder"])
               + " | accuracy " + " ".join(f"{a:.2f}" for a in per_seed[-1]["accuracy"]), flush=True)
-    result = {"config": config, "difficulty": list(range(1, args.n_bits + 1)),
-              **{key: [r[key] for r in per_seed] for key in ("ponder", "n_updates", "accuracy")},
-              "wall_time_s": round(time.time() - start, 1), "threads": 1,
-              "machine": f"{platform.system()} {platform.machine()}", "torch": torch.__version__}
-    args.out.parent.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} in {result['wall_time_s']:.0f} s")
+    save_result(args.out, {"config": config, "difficulty": list(range(1, args.n_bits + 1)),
+                           **{key: [r[key] for r in per_seed] for key in ("ponder", "n_updates", "accuracy")}},
+                threads=1, start=start)
 
 
 if __name__ == "__main__":

@@ -19,14 +19,13 @@ by more than 0.1 step per extra nonzero entry (the band chapter 6 already used f
 GRU run) and the mean accuracy over difficulties is at least 0.75. None does.
 
 Usage: ``python experiments/act_parity_graves.py [--jobs 2] [--append] [--rounds 1 2] [--out PATH]``
-(``--append`` runs only the settings that the JSON does not hold yet; each (setting, seed) is one
-process with one thread; 1-7 minutes per seed on one CPU core, longer where the network ponders long).
+(``--append`` runs only the settings that the JSON does not hold yet, and only on the machine its
+record names; each (setting, seed) is one process with one thread; 1-7 minutes per seed on one CPU core, longer where the network ponders long).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from multiprocessing import Pool
 from pathlib import Path
@@ -36,6 +35,9 @@ import torch
 from tqdm import tqdm
 
 from xfam_lib.ablations import train_parity
+from xfam_lib.utils import machine_record
+
+from common import check_same_machine, save_result   # experiments/common.py
 
 OUT = Path(__file__).resolve().parent / "results" / "act_parity_graves.json"
 SEEDS = [0, 1, 2]
@@ -95,7 +97,12 @@ def main() -> None:
     done = {key(r["setting"]) for r in saved["runs"]}
     todo = [s for s in SETTINGS if key(s) not in done and (not args.rounds or s["round"] in args.rounds)]
     jobs = [(s, seed) for s in todo for seed in SEEDS]
-    start = time.time()
+    if not jobs:
+        print(f"{args.out} holds every setting asked for; nothing to run")
+        return
+    if args.append and saved["runs"]:                 # one machine record covers every saved run
+        check_same_machine(saved.get("machine"), machine_record("cpu", threads=1), action=f"append to {args.out}")
+    start = time.perf_counter()
     with Pool(args.jobs) as pool:
         results = list(tqdm(pool.imap(run_one, jobs, chunksize=1), total=len(jobs), desc="parity (Graves)", unit="run"))
     if args.append and args.out.exists():             # re-read: another invocation may have added rounds meanwhile
@@ -105,15 +112,13 @@ def main() -> None:
         saved["runs"].append({"setting": setting, "seeds": SEEDS, "difficulty": list(range(1, setting["n_bits"] + 1)),
                               **{k: [r[k] for r in per_seed] for k in ("ponder", "n_updates", "accuracy", "slope",
                                                                       "wall_time_s")},
-                              "invocation_wall_time_s": round(time.time() - start, 1), "processes": args.jobs})
+                              "invocation_wall_time_s": round(time.perf_counter() - start, 1), "processes": args.jobs})
     order = [key(s) for s in SETTINGS]
     saved["runs"].sort(key=lambda r: order.index(key(r["setting"])))
-    saved.update({"common": COMMON, "threads_per_process": 1,
-                  "machine": f"{platform.system()} {platform.machine()}", "torch": torch.__version__})
-    saved["wall_time_s"] = round(saved.get("wall_time_s", 0.0) + time.time() - start, 1)   # summed over invocations
-    args.out.parent.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps(saved, indent=1))
-    print(f"wrote {args.out}: {len(saved['runs'])} settings, {saved['wall_time_s']:.0f} s of wall time in all")
+    saved["common"] = COMMON
+    earlier = saved.get("wall_time_s", 0.0)             # the earlier invocations' wall time, summed in
+    saved = save_result(args.out, saved, threads=1, start=start - earlier)   # one thread per process
+    print(f"{len(saved['runs'])} settings, {saved['wall_time_s']:.0f} s of wall time in all")
 
 
 if __name__ == "__main__":

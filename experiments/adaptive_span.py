@@ -21,8 +21,6 @@ Usage: ``python experiments/adaptive_span.py [--seeds 0 1 2] [--modes 4] [--step
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from pathlib import Path
 
@@ -30,6 +28,8 @@ import torch
 from tqdm import tqdm
 
 from xfam_lib.ablations import train_spans
+
+from common import save_result   # experiments/common.py
 
 OUT = Path(__file__).resolve().parent / "results" / "adaptive_span_modes.json"
 
@@ -51,17 +51,15 @@ def main() -> None:
     config = {"vocab": 32, **language, "p_rule": args.p_rule, "d_model": 32, "n_heads": args.heads, "n_layers": args.layers,
               "length": 32, "ramp": 4, "init_span": 16.0, "coef": 3e-3, "steps": args.steps, "batch": 32,
               "lr": 3e-3, "span_lr": args.span_lr}
-    start, runs = time.time(), []
+    start, runs = time.perf_counter(), []
     for seed in tqdm(args.seeds, desc="adaptive span, seeds", unit="run"):
         runs.append(train_spans(**config, seed=seed))
         print(f"seed {seed}: spans " + " | ".join(" ".join(f"{z:.1f}" for z in layer) for layer in runs[-1]["spans"])
               + f"  loss {runs[-1]['final_loss']:.3f}", flush=True)
-    result = {"config": {**config, "seeds": args.seeds}, "spans": [r["spans"] for r in runs],
-              "final_loss": [r["final_loss"] for r in runs], "oracle_loss": [r["oracle_loss"] for r in runs], "wall_time_s": round(time.time() - start, 1),
-              "threads": 1, "machine": f"{platform.system()} {platform.machine()}", "torch": torch.__version__}
-    args.out.parent.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} in {result['wall_time_s']:.0f} s")
+    save_result(args.out, {"config": {**config, "seeds": args.seeds}, "spans": [r["spans"] for r in runs],
+                           "final_loss": [r["final_loss"] for r in runs],
+                           "oracle_loss": [r["oracle_loss"] for r in runs]},
+                threads=1, start=start)
 
 
 if __name__ == "__main__":

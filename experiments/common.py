@@ -1,5 +1,5 @@
-"""Shared helpers for the experiment scripts: their common options, the arena sweep's recipe, and
-writing a result file with its wall time and machine.
+"""Shared helpers for the experiment scripts: their common options, the arena sweep's recipe, writing a
+result file with its wall time and machine, and refusing to add runs to a result saved on another machine.
 
 The scripts run as ``python experiments/<name>.py``, so this module is imported as ``common``.
 """
@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from xfam_lib.utils import machine_record
+from xfam_lib.utils import MACHINE_KEYS, machine_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
@@ -55,3 +55,17 @@ def save_result(path: Path, result: dict, *, threads: int, start: float) -> dict
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path} in {result['wall_time_s']:.0f} s")
     return result
+
+
+def check_same_machine(saved, here: dict, *, action: str) -> None:
+    """Raise a ``ValueError`` unless ``saved`` (the ``machine`` entry of a saved result) and ``here`` (a
+    `machine_record`) agree on every key of `xfam_lib.utils.MACHINE_KEYS`, as `xfam_lib.utils.same_machine`
+    asks: runs added to a saved result must repeat its machine. ``action`` names what is refused. A record
+    without these keys (saved before `machine_record`, or a bare string) never agrees."""
+    record = saved if isinstance(saved, dict) else {}
+    differ = [f"{key}: saved {record[key]!r}, here {here[key]!r}" if key in record else
+              f"{key}: not in the saved record, here {here[key]!r}" for key in MACHINE_KEYS
+              if key not in record or record[key] != here[key]]
+    if differ:
+        raise ValueError(f"cannot {action}: the saved results come from another machine, or their record "
+                         f"predates machine_record ({'; '.join(differ)})")

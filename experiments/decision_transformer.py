@@ -18,14 +18,14 @@ seed, 30 steps).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 
 from xfam_lib.rl import DecisionTransformer, ChainMDP, collect_offline_dataset, rollout, train_decision_transformer
+
+from common import save_result   # experiments/common.py
 
 OUT = Path(__file__).resolve().parent / "results" / "decision_transformer.json"
 MODELS = {"Decision Transformer": {}, "behaviour cloning": {"use_returns": False},
@@ -69,21 +69,15 @@ def main() -> None:
             print(f"seed {seed} {name}: dataset best {run['dataset_best_return']:.0f}, mean achieved "
                   f"{[round(a, 1) for a in run['achieved'][name]]} ({time.perf_counter() - start:.0f} s)", flush=True)
         per_seed.append(run)
-    result = {
+    save_result(args.out, {
         "config": {"env": env_cfg, "data": data_cfg, "model": {**model_cfg, "max_timestep": env.horizon},
                    "train": train_cfg, "seeds": args.seeds, "episodes_per_target": args.episodes_per_target,
                    "models": MODELS},
         "max_return": env.max_return,
         "targets": targets,
         "per_seed": per_seed,
-        "wall_time_s": round(time.perf_counter() - start, 1),
         "cpu_time_s": round(time.process_time() - cpu_start, 1),
-        "machine": {"torch": torch.__version__, "threads": args.threads, "python": platform.python_version(),
-                    "cpu": platform.machine()},
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} in {result['wall_time_s']} s ({result['cpu_time_s']} s of CPU)")
+    }, threads=args.threads, start=start)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 from xfam_lib.tasks import BOS, N_SPECIAL, induction_heads
 from xfam_lib.train import train_loop
 from xfam_lib.transformer import TransformerLM
+from xfam_lib.utils import machine_record
 
 KINDS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5", "shaw", "xl")
 OUT = Path(__file__).resolve().parent / "results" / "far_retrieval.json"
@@ -129,8 +129,8 @@ def main() -> None:
         "train_loss_every_10_steps": {k: runs[0]["train_loss"][k] for k in kinds},
         "wall_time_s": round(time.perf_counter() - start, 1),
         "seed_wall_time_s": round(sum(r["wall_time_s"] for r in runs), 1),   # the seeds' wall times added up
-        "machine": {"torch": torch.__version__, "threads": args.threads, "jobs": args.jobs,
-                    "python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
+        "machine": machine_record("cpu", threads=args.threads),             # the threads of each process
+        "jobs": args.jobs,                                                   # processes, one seed each
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=1) + "\n")

@@ -15,14 +15,14 @@ core; ``--quick``: one seed, one learning rate, 40 steps).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 
 from xfam_lib.rl import train_cue_recall
+
+from common import save_result   # experiments/common.py
 
 OUT = Path(__file__).resolve().parent / "results" / "gtrxl_cue_recall.json"
 STACKS = {"Post-LN": dict(gate="residual", reorder=False),
@@ -54,20 +54,14 @@ def main() -> None:
                                             "loss_every_10_steps": out["losses"][::10]})
                 print(f"lr {lr:g} {name:12s} seed {seed}: accuracy {out['accuracy']:.3f} "
                       f"({time.perf_counter() - start:.0f} s)", flush=True)
-    result = {
+    save_result(args.out, {
         "config": {"depth": args.depth, "d_model": 32, "n_heads": 4, "steps": args.steps, "batch": 32,
                    "n_cues": 4, "n_distractors": 8, "length": 12, "seeds": args.seeds, "lrs": args.lrs,
                    "optimizer": "Adam, constant learning rate, no warm-up", "stacks": STACKS},
         "chance": 1 / 4,
         "runs": runs,
-        "wall_time_s": round(time.perf_counter() - start, 1),
         "cpu_time_s": round(time.process_time() - cpu_start, 1),
-        "machine": {"torch": torch.__version__, "threads": args.threads, "python": platform.python_version(),
-                    "cpu": platform.machine()},
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} in {result['wall_time_s']} s ({result['cpu_time_s']} s of CPU)")
+    }, threads=args.threads, start=start)
 
 
 if __name__ == "__main__":

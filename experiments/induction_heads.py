@@ -13,8 +13,6 @@ one core; ``--quick`` runs a short version to try the script).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from pathlib import Path
 from itertools import product
@@ -23,6 +21,8 @@ import torch
 from tqdm import tqdm
 
 from xfam_lib.ablations import induction_heads_run
+
+from common import save_result   # experiments/common.py
 
 OUT = Path(__file__).resolve().parent / "results" / "induction_heads.json"
 
@@ -54,18 +54,13 @@ def main() -> None:
         chance = r["chance"]
         print(f"{kind:5s} seed {seed}: " + ", ".join(f"L={L}: {a:.3f}" for L, a in r["accuracy"].items())
               + f" ({time.perf_counter() - start:.0f} s)", flush=True)
-    result = {
+    save_result(args.out, {
         "config": {**cfg, "kinds": args.kinds, "seeds": args.seeds, "test_lens": args.test_lens, "eval_batch": 256},
         "chance": chance,
         "accuracy": acc,
         "loss_curves": curves,
         "curve_every": every,
-        "wall_time_s": time.perf_counter() - start,
-        "machine": {"torch": torch.__version__, "threads": args.threads, "python": platform.python_version()},
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    }, threads=args.threads, start=start)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,14 @@ seeds and per seed, go to ``experiments/results/length_extrapolation.json``; cha
 Usage: ``python experiments/length_extrapolation.py [--seeds 0 1 2] [--steps 1000] [--train-len 64]``
 (about 13 minutes per seed on one CPU core with the defaults; ``--quick`` runs a 1-minute version).
 ``--add-seeds`` runs only the given seeds and merges them into the saved results (same configuration
-required): per-seed losses are appended and the seed means recomputed, so a saved run can gain seeds
-without redoing the old ones. The wall time of every call is kept in ``runs``.
+and same machine required, the machine checked before training): per-seed losses are appended and the
+seed means recomputed, so a saved run can gain seeds without redoing the old ones. The wall time of
+every call is kept in ``runs``.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +26,9 @@ import torch
 from tqdm import tqdm
 
 from xfam_lib.ablations import length_extrapolation
+from xfam_lib.utils import machine_record
+
+from common import check_same_machine   # experiments/common.py
 
 KINDS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5", "shaw", "xl")
 OUT = Path(__file__).resolve().parent / "results" / "length_extrapolation.json"
@@ -33,12 +36,15 @@ OUT = Path(__file__).resolve().parent / "results" / "length_extrapolation.json"
 
 def merge(old: dict, new: dict) -> dict:
     """Results of ``old["config"]["seeds"] + new["config"]["seeds"]``: per-seed values appended, means
-    recomputed (per-position and oracle means weighted by the number of seeds), wall times summed."""
+    recomputed (per-position and oracle means weighted by the number of seeds), wall times summed. Both must
+    have the same configuration but for the seeds, no seed in common, and the same machine (`check_same_machine`:
+    the keys that decide whether a rerun repeats a run bit for bit)."""
     same = {k: v for k, v in old["config"].items() if k != "seeds"} == \
         {k: v for k, v in new["config"].items() if k != "seeds"}
     overlap = set(old["config"]["seeds"]) & set(new["config"]["seeds"])
-    if not same or overlap or old["machine"] != new["machine"]:
-        raise ValueError(f"cannot merge: configurations or machines differ, or seeds repeat ({sorted(overlap)})")
+    if not same or overlap:
+        raise ValueError(f"cannot merge: configurations differ, or seeds repeat ({sorted(overlap)})")
+    check_same_machine(old.get("machine"), new["machine"], action="merge")
     n_old, n_new = len(old["config"]["seeds"]), len(new["config"]["seeds"])
 
     def weighted(a, b):
@@ -73,6 +79,10 @@ def main() -> None:
     if args.quick:
         args.seeds, args.steps, args.train_len, args.d_model = args.seeds[:1], 150, 32, 32
     torch.set_num_threads(args.threads)
+    machine = machine_record("cpu", threads=args.threads)
+    saved = json.loads(args.out.read_text()) if args.add_seeds else None
+    if saved is not None:                                                   # refuse before training, not after
+        check_same_machine(saved.get("machine"), machine, action=f"add seeds to {args.out}")
 
     start = time.perf_counter()
     runs = []
@@ -103,12 +113,11 @@ def main() -> None:
         "train_loss_every_10_steps": {k: runs[0]["train_loss"][k] for k in KINDS},
         "wall_time_s": wall,
         "runs": [{"seeds": args.seeds, "wall_time_s": wall}],
-        "machine": {"torch": torch.__version__, "threads": args.threads, "python": platform.python_version(),
-                    "cpu": platform.processor() or platform.machine()},
+        "machine": machine,
     }
     summary = json.loads(json.dumps(summary))                               # lengths as string keys, as saved
     if args.add_seeds:
-        summary = merge(json.loads(args.out.read_text()), summary)
+        summary = merge(saved, summary)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=1) + "\n")
     print(f"wrote {args.out} ({summary['wall_time_s']} s)")

@@ -15,8 +15,6 @@ about 6 minutes on a quiet core; ``--quick`` runs a short version to try the scr
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +24,8 @@ import torch
 from tqdm import tqdm
 
 from xfam_lib.ablations import train_recall
+
+from common import save_result   # experiments/common.py
 
 OUT = Path(__file__).resolve().parent / "results" / "linear_recall.json"
 
@@ -53,20 +53,14 @@ def main() -> None:
         curves[mixer][str(n)].append(losses[::10])
         print(f"pairs {n:3d} {mixer:8s} seed {seed}: accuracy {a:.3f} ({time.perf_counter() - start:.0f} s)",
               flush=True)
-    result = {
+    save_result(args.out, {
         "config": {**cfg, "seeds": args.seeds, "pairs": args.pairs, "mixers": list(mixers),
                    "d_head": cfg["d_model"] // cfg["n_heads"], "vocab": "4 * pairs + 2"},
         "chance": {str(n): 1 / (2 * n) for n in args.pairs},
         "accuracy_per_seed": acc,
         "accuracy": {m: {n: statistics.fmean(v) for n, v in per.items()} for m, per in acc.items()},
         "loss_every_10_steps": curves,
-        "wall_time_s": round(time.perf_counter() - start, 1),
-        "machine": {"torch": torch.__version__, "threads": args.threads, "python": platform.python_version(),
-                    "cpu": platform.machine()},
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} in {result['wall_time_s']} s")
+    }, threads=args.threads, start=start)
 
 
 if __name__ == "__main__":

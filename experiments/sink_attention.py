@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from xfam_lib.ablations import train_sink_lm
+from xfam_lib.utils import machine_record
 
 OUT = Path(__file__).resolve().parent / "results" / "sink_attention.json"
 
@@ -39,7 +39,7 @@ def main() -> None:
     seeds = tqdm(args.seeds, desc="attention sinks, seeds", unit="run")
     runs = [train_sink_lm(seed=s, steps=args.steps) for s in seeds]
     result = {"seeds": args.seeds, "runs": runs, "minutes": (time.perf_counter() - start) / 60,
-              "machine": {"torch": torch.__version__, "threads": args.threads, "python": platform.python_version()}}
+              "machine": machine_record("cpu", threads=args.threads)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result))
     for r in runs:

@@ -14,8 +14,6 @@ on one CPU core with the defaults; ``--quick`` runs a short version to try the s
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +24,8 @@ from tqdm import tqdm
 
 from xfam_lib.ablations import xl_delayed_copy
 from xfam_lib.memory import temporal_range
+
+from common import save_result   # experiments/common.py
 
 OUT = Path(__file__).resolve().parent / "results" / "xl_effective_context.json"
 
@@ -54,7 +54,7 @@ def main() -> None:
         curves[str(m)][str(dl)].append(losses[::10])
         print(f"mem_len {m:3d} delay {dl:3d} seed {seed}: accuracy {a:.3f} "
               f"({time.perf_counter() - start:.0f} s)", flush=True)
-    result = {
+    save_result(args.out, {
         "config": {**cfg, "n_heads": 2, "seeds": args.seeds, "mem_lens": args.mem_lens, "delays": args.delays,
                    "eval_segments": 8, "eval_batch": 64},
         "chance": 1 / (cfg["vocab"] - 2),
@@ -62,13 +62,7 @@ def main() -> None:
         "accuracy_per_seed": acc,
         "accuracy": {m: {dl: statistics.fmean(v) for dl, v in per.items()} for m, per in acc.items()},
         "loss_every_10_steps": curves,
-        "wall_time_s": round(time.perf_counter() - start, 1),
-        "machine": {"torch": torch.__version__, "threads": args.threads, "python": platform.python_version(),
-                    "cpu": platform.machine()},
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} in {result['wall_time_s']} s")
+    }, threads=args.threads, start=start)
 
 
 if __name__ == "__main__":
