@@ -39,7 +39,7 @@ from .tasks import copy_task, induction_heads, reverse_task, selective_copying
 from .train import cross_entropy, progress_range, train_loop
 from .transformer import EncoderLayer, TransformerLM, count_params
 from . import sparse
-from .utils import check_positive_int
+from .utils import check_bool, check_instance, check_positive_int, check_token_ids
 
 
 def length_extrapolation(kinds: Sequence[str] = ("none", "sinusoidal", "learned", "rope", "alibi", "t5"), *,
@@ -97,6 +97,9 @@ def length_extrapolation(kinds: Sequence[str] = ("none", "sinusoidal", "learned"
 
 def stream_logits(model: TransformerXL, ids: torch.Tensor, segment_len: int) -> torch.Tensor:
     """Run ``ids (B, T)`` through ``model`` one segment at a time, carrying the memories: ``(B, T, vocab)``."""
+    check_instance("model", model, TransformerXL)
+    check_token_ids("ids", ids, model.vocab, rank=2)
+    segment_len = check_positive_int("segment_len", segment_len)
     mems, outs = None, []
     for start in range(0, ids.shape[1], segment_len):
         out, mems = model(ids[:, start:start + segment_len], mems)
@@ -271,6 +274,7 @@ class SpanLM(nn.Module):
         self.out = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, vocab))
 
     def forward(self, ids):
+        check_token_ids("ids", ids, self.embed.num_embeddings, rank=2)
         h = self.embed(ids) + sinusoidal_encoding(ids.shape[1], self.embed.embedding_dim, device=ids.device)
         for attn, norm, ffn in zip(self.attn, self.norms, self.ffn):
             h = h + attn(norm(h))
@@ -326,7 +330,7 @@ class UTSeq2Seq(nn.Module):
     def __init__(self, vocab: int, d_model: int, n_heads: int, d_ff: int, n_steps: int, *, tied: bool = True):
         super().__init__()
         check_positive_int("n_steps", n_steps)
-        self.tied, self.n_steps = bool(tied), n_steps
+        self.tied, self.n_steps = check_bool("tied", tied), n_steps
         self.embed = nn.Embedding(vocab, d_model)
         if self.tied:
             self.core = UniversalTransformer(d_model, n_heads, d_ff, n_steps)
@@ -335,8 +339,7 @@ class UTSeq2Seq(nn.Module):
         self.head = nn.Linear(d_model, vocab)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.dim() != 2 or ids.dtype != torch.long:
-            raise ValueError(f"ids must be a (B, L) tensor of token ids (torch.long), got {tuple(ids.shape)} {ids.dtype}")
+        check_token_ids("ids", ids, self.embed.num_embeddings, rank=2)
         d = self.embed.embedding_dim
         h = self.embed(ids) * d ** 0.5
         if self.tied:
@@ -483,6 +486,9 @@ class RecallNet(nn.Module):
         return self.out[i](y.transpose(1, 2).reshape(B, L, D))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        check_token_ids("ids", ids, self.embed.num_embeddings, rank=2)
+        if ids.shape[1] > self.pos.shape[0]:
+            raise ValueError(f"ids of shape {tuple(ids.shape)} are longer than max_len={self.pos.shape[0]}")
         x = self.embed(ids) + self.pos[: ids.shape[1]]
         prev = F.pad(x, (0, 0, 1, 0))[:, :-1]                          # the previous token's embedding
         x = self.shift(torch.cat([x, prev], dim=-1))
@@ -587,6 +593,7 @@ class SSMLM(nn.Module):
         self.head = nn.Linear(d_model, vocab)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        check_token_ids("ids", ids, self.embed.num_embeddings, rank=2)
         h = self.embed(ids)
         chunk = max(4, int(ids.shape[1] ** 0.5))
         for norm, layer in zip(self.norms, self.layers):

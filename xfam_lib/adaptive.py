@@ -9,7 +9,6 @@ may attend.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Callable, NamedTuple
 
 import torch
@@ -19,7 +18,7 @@ from torch import nn
 from .attention import causal_mask
 from .positional import sinusoidal_encoding, ut_coordinate_encoding
 from .transformer import EncoderLayer
-from .utils import check_positive_int, check_tensor
+from .utils import check_bool, check_positive_int, check_real, check_tensor, check_token_ids
 
 __all__ = [
     # ACT and the Universal Transformer (M6.1–M6.3)
@@ -32,14 +31,6 @@ __all__ = [
     # CALM (M6.9, M6.10)
     "softmax_response", "state_saturation", "confidence_targets", "first_exit", "calibrate_threshold",
 ]
-
-
-def _check_unit(name: str, value, *, open_low: bool = False) -> float:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (0.0 < value <= 1.0 if open_low else 0.0 <= value <= 1.0)
-    if not ok:
-        raise ValueError(f"{name} must be a number in {'(0, 1]' if open_low else '[0, 1]'}, got {value!r}")
-    return float(value)
 
 
 # ============================================================================= ACT (M6.3)
@@ -62,8 +53,10 @@ def act_halting(step_fn: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch
     so they sum to 1; the output is the weighted sum of its states and the ponder cost is ``N + R``.
     A halted token's state is frozen: later steps still see it, but never change it.
     """
+    if not callable(step_fn):
+        raise TypeError(f"step_fn must be a callable (state, n) -> (new_state, p), got {type(step_fn).__name__}")
     check_tensor("state", state, min_rank=1, floating=True)
-    threshold = _check_unit("threshold", threshold, open_low=True)
+    threshold = check_real("threshold", threshold, low=0.0, high=1.0, low_open=True)
     max_steps = check_positive_int("max_steps", max_steps)
     tokens = state.shape[:-1]
     cum = state.new_zeros(tokens)                     # sum of p over the steps taken before halting
@@ -73,9 +66,14 @@ def act_halting(step_fn: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch
     running = torch.ones(tokens, dtype=torch.bool, device=state.device)
     for n in range(max_steps):
         new_state, p = step_fn(state, n)
+        check_tensor("new_state (from step_fn)", new_state, floating=True)
+        check_tensor("p (from step_fn)", p, floating=True)
         if p.shape != tokens or new_state.shape != state.shape:
             raise ValueError(f"step_fn must return new_state {tuple(state.shape)} and p {tuple(tokens)}, got "
                              f"{tuple(new_state.shape)} and {tuple(p.shape)}")
+        if p.numel() and not bool(((p >= 0) & (p <= 1)).all()):               # NaN fails too
+            raise ValueError(f"step_fn's halting probabilities p must lie in [0, 1], got range "
+                             f"[{p.min().item():.4g}, {p.max().item():.4g}] at step {n}")
         halt = running & ((cum + p >= threshold) | (n == max_steps - 1))
         weight = torch.where(halt, 1.0 - cum, torch.where(running, p, torch.zeros_like(p)))
         output = output + weight.unsqueeze(-1) * new_state
@@ -104,7 +102,8 @@ class UniversalTransformer(nn.Module):
                  threshold: float = 0.99, norm_first: bool = False):
         super().__init__()
         self.n_steps = check_positive_int("n_steps", n_steps)
-        self.threshold = _check_unit("threshold", threshold, open_low=True)
+        self.threshold = check_real("threshold", threshold, low=0.0, high=1.0, low_open=True)
+        check_bool("act", act)
         self.layer = EncoderLayer(d_model, n_heads, d_ff, norm_first=norm_first)
         self.halt = None
         if act:
@@ -136,8 +135,11 @@ def soft_span_mask(dist: torch.Tensor, z, ramp: float) -> torch.Tensor:
     up to ``z``, falls linearly to 0 at ``z + R``, and is 0 beyond; it is differentiable in ``z``.
     """
     check_tensor("dist", dist)
-    if not (isinstance(ramp, numbers.Real) and math.isfinite(ramp) and ramp > 0):
-        raise ValueError(f"ramp must be a positive number, got {ramp!r}")
+    ramp = check_real("ramp", ramp, low=0.0, low_open=True)
+    if isinstance(z, torch.Tensor):
+        check_tensor("z", z, floating=True)
+    else:
+        z = check_real("z", z)
     return ((ramp + z - dist) / ramp).clamp(0.0, 1.0)
 
 
@@ -163,9 +165,8 @@ class AdaptiveSpanAttention(nn.Module):
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
         self.max_span, self.ramp = check_positive_int("max_span", max_span), check_positive_int("ramp", ramp)
-        init_span = max_span / 2 if init_span is None else init_span
-        if not 0 < init_span < max_span:
-            raise ValueError(f"init_span must lie in (0, max_span={max_span}), got {init_span!r}")
+        init_span = max_span / 2 if init_span is None else check_real("init_span", init_span, low=0.0, high=max_span,
+                                                                       low_open=True, high_open=True)
         self.d_model, self.d_head = d_model, d_model // n_heads
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
         self.k_proj = nn.Linear(d_model, d_model, bias=False)
@@ -186,7 +187,7 @@ class AdaptiveSpanAttention(nn.Module):
         check_tensor("x", x, rank=3, floating=True)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, L, d_model={self.d_model}), got {tuple(x.shape)}")
-        if trim and return_weights:
+        if check_bool("trim", trim) and check_bool("return_weights", return_weights):
             raise ValueError("trim=True never forms the (L, L) weights: call it with return_weights=False")
         b, length, _ = x.shape
         heads = lambda t: t.view(b, length, self.n_heads, self.d_head).transpose(1, 2)
@@ -243,8 +244,10 @@ class MultiExitModel(nn.Module):
                  shared_head: bool = True, causal: bool = False):
         super().__init__()
         self.n_layers = check_positive_int("n_layers", n_layers)
-        n_out = check_positive_int("vocab", vocab) if n_out is None else check_positive_int("n_out", n_out)
-        self.causal = causal
+        self.vocab = check_positive_int("vocab", vocab)
+        n_out = vocab if n_out is None else check_positive_int("n_out", n_out)
+        check_bool("shared_head", shared_head)
+        self.causal = check_bool("causal", causal)
         self.embed = nn.Embedding(vocab, d_model)
         self.layers = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, norm_first=True) for _ in range(n_layers))
         n_heads_out = 1 if shared_head else n_layers
@@ -257,7 +260,7 @@ class MultiExitModel(nn.Module):
 
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings plus sinusoid positions: ``(B, L) -> (B, L, d_model)``."""
-        check_tensor("ids", ids, rank=2)
+        check_token_ids("ids", ids, self.vocab, rank=2)
         h = self.embed(ids)
         return h + sinusoidal_encoding(ids.shape[1], h.shape[-1], device=h.device, dtype=h.dtype)
 
@@ -290,7 +293,7 @@ class MultiExitModel(nn.Module):
         """
         if measure not in ("softmax", "saturation", "classifier"):
             raise ValueError(f"measure must be 'softmax', 'saturation' or 'classifier', got {measure!r}")
-        threshold = float(threshold)
+        threshold = check_real("threshold", threshold)
         h, mask = self.embed_ids(ids), self._mask(ids.shape[1], ids.device)
         exited = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
         exit_idx = torch.full(ids.shape, self.n_layers - 1, dtype=torch.long, device=ids.device)
@@ -324,6 +327,7 @@ def multi_exit_loss(exit_logits: torch.Tensor, targets: torch.Tensor, weights=No
     if exit_logits.shape[1:-1] != targets.shape:
         raise ValueError(f"exit_logits (N, ..., C) and targets (...) disagree: {tuple(exit_logits.shape)} vs "
                          f"{tuple(targets.shape)}")
+    check_token_ids("targets", targets, exit_logits.shape[-1], vocab_name="C")
     n_exits = exit_logits.shape[0]
     weights = torch.ones(n_exits) if weights is None else torch.as_tensor(weights, dtype=torch.float64)
     if weights.shape != (n_exits,):
@@ -341,7 +345,7 @@ def geometric_exit_dist(halt_probs: torch.Tensor) -> torch.Tensor:
     ``prod_{m < N-1} (1 - chi_m)``, on the last exit (``chi`` of the last layer is not used). Sums to 1.
     """
     check_tensor("halt_probs", halt_probs, min_rank=1, floating=True)
-    if bool(((halt_probs < 0) | (halt_probs > 1)).any()):
+    if halt_probs.numel() and not bool(((halt_probs >= 0) & (halt_probs <= 1)).all()):          # NaN fails too
         raise ValueError(f"halt_probs must lie in [0, 1], got range [{halt_probs.min().item():.4g}, "
                          f"{halt_probs.max().item():.4g}]")
     chi = halt_probs[..., :-1]
@@ -397,8 +401,7 @@ def oracle_exit(LL: torch.Tensor, lam: float) -> torch.Tensor:
     each layer. Ties go to the shallower exit. A larger ``lam`` never gives a deeper exit.
     """
     check_tensor("LL", LL, min_rank=1, floating=True)
-    if not (isinstance(lam, numbers.Real) and math.isfinite(lam) and lam >= 0):
-        raise ValueError(f"lam must be a non-negative number, got {lam!r}")
+    lam = check_real("lam", lam, low=0.0)
     depth = torch.arange(1, LL.shape[-1] + 1, device=LL.device, dtype=LL.dtype)
     return (LL - lam * depth).argmax(-1)
 
@@ -406,8 +409,7 @@ def oracle_exit(LL: torch.Tensor, lam: float) -> torch.Tensor:
 def rbf_kernel(length: int, sigma: float, *, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
     """``K[t, t'] = exp(-|t - t'|^2 / sigma)``, ``(length, length)``: 1 on the diagonal, decaying away from it (ERRATA E6.4)."""
     length = check_positive_int("length", length)
-    if not (isinstance(sigma, numbers.Real) and math.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"sigma must be a positive number, got {sigma!r}")
+    sigma = check_real("sigma", sigma, low=0.0, low_open=True)
     t = torch.arange(length, dtype=dtype, device=device)
     return torch.exp(-(t[:, None] - t[None, :]).square() / sigma)
 
@@ -451,6 +453,7 @@ def confidence_targets(exit_logits: torch.Tensor) -> torch.Tensor:
 def first_exit(conf: torch.Tensor, threshold: float) -> torch.Tensor:
     """First exit whose confidence is strictly above ``threshold``, else the last: ``(..., N) -> (...)`` (0-based)."""
     check_tensor("conf", conf, min_rank=1, floating=True)
+    threshold = check_real("threshold", threshold)
     above = conf > threshold
     above[..., -1] = True
     return above.to(torch.uint8).argmax(-1)
@@ -474,8 +477,16 @@ def calibrate_threshold(conf: torch.Tensor, correct: torch.Tensor, eps: float, *
     check_tensor("correct", correct, rank=2)
     if correct.shape != conf.shape:
         raise ValueError(f"correct must have conf's shape (n, N) = {tuple(conf.shape)}, got {tuple(correct.shape)}")
-    eps = _check_unit("eps", eps)
-    slack = 0.0 if delta is None else math.sqrt(2 * math.log(1 / _check_unit("delta", delta, open_low=True)) / len(conf))
+    if len(conf) == 0:
+        raise ValueError(f"conf must hold at least one held-out token, got shape {tuple(conf.shape)}")
+    if bool(conf.isnan().any()):
+        raise ValueError(f"conf must not contain NaN ({int(conf.isnan().sum())} of {conf.numel()} are)")
+    if correct.is_floating_point() and not bool(((correct == 0) | (correct == 1)).all()):
+        raise ValueError("correct must be boolean (or 0/1): whether exiting there is acceptable")
+    eps = check_real("eps", eps, low=0.0, high=1.0)
+    if delta is not None:
+        delta = check_real("delta", delta, low=0.0, high=1.0, low_open=True)
+    slack = 0.0 if delta is None else math.sqrt(2 * math.log(1 / delta) / len(conf))
     if thresholds is None:
         thresholds = torch.linspace(1.0, min(0.0, float(conf.min())), 101)
     correct = correct.to(torch.float64)

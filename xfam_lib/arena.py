@@ -53,7 +53,7 @@ from .linear import (_gla_recurrent, _performer_features, elu_feature_map, gated
 from .sparse import sliding_window_attention
 from .ssm import H3Layer, MambaBlock, S4DKernel, S4DLayer
 from .tasks import PAD, induction_heads, mqar, selective_copying
-from .utils import check_positive_int
+from .utils import check_instance, check_positive_int, check_real, check_tensor, check_token_ids
 
 __all__ = ["FAMILIES", "BASELINES", "ArenaLM", "count_params", "decode_state_bytes", "init_decode_state", "mixer_step",
            "width_for_budget", "TASKS", "train_arena", "check_equal_answer_counts"]
@@ -165,6 +165,8 @@ class ArenaLM(nn.Module):
                           ("d_state", d_state), ("window", window), ("n_features", n_features), ("feature_dim", feature_dim),
                           ("max_len", max_len)):
             check_positive_int(name, val)
+        gate_bias = check_real("gate_bias", gate_bias)
+        self.vocab = vocab
         self.family, self.d_model, self.n_heads = family, d_model, n_heads
         self.d_state, self.window, self.n_features, self.feature_dim = d_state, window, n_features, feature_dim
         self.embed = nn.Embedding(vocab, d_model)
@@ -191,8 +193,7 @@ class ArenaLM(nn.Module):
         self.head = nn.Linear(d_model, vocab)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.dim() != 2 or ids.is_floating_point():
-            raise ValueError(f"ids must be integer token ids (B, L), got {ids.dtype} {tuple(ids.shape)}")
+        check_token_ids("ids", ids, self.vocab, rank=2)
         x = self.embed(ids)
         if self.pos is not None:
             if ids.shape[1] > self.pos.shape[0]:
@@ -224,7 +225,9 @@ def decode_state_bytes(model: ArenaLM, context: int, *, bytes_per_value: int = 4
     ``H (D d_h + D)`` with ``D = 1 + f + f^2``, plus the window's ``2 min(L, window + 1) d``; gru: the hidden
     state, ``d``. Values (not the learned parameters); the token shift adds one ``d``-vector to every family.
     """
+    check_instance("model", model, ArenaLM)
     L, d, H = check_positive_int("context", context), model.d_model, model.n_heads
+    check_positive_int("bytes_per_value", bytes_per_value)
     dh = d // H
     per_layer = {
         "softmax": 2 * L * d,
@@ -312,6 +315,8 @@ def mixer_step(mixer: nn.Module, x_t: torch.Tensor, state):
     (tests/test_11_arena.py). Every state but the KV cache has a size fixed in ``t``; the KV cache is
     written in place.
     """
+    if not isinstance(mixer, _MIXERS):
+        raise TypeError(f"mixer must be one of an ArenaLM's mixers (model.mixers[i]), got {type(mixer).__name__}")
     if isinstance(mixer, MambaBlock):
         return mixer.step(x_t, state)
     if isinstance(mixer, _GRUMixer):
@@ -360,6 +365,9 @@ def mixer_step(mixer: nn.Module, x_t: torch.Tensor, state):
     return mixer.out(y.reshape(B, D)), state
 
 
+_MIXERS = (MambaBlock, _GRUMixer, S4DLayer, H3Layer, _BasedMixer, _AttentionMixer)
+
+
 def width_for_budget(family: str, budget: int, *, vocab: int, n_layers: int = 2, n_heads: int = 2,
                      multiple: int = 4, **kwargs) -> int:
     """The width ``d_model`` (a multiple of ``multiple`` and of ``n_heads``) whose `ArenaLM` has the
@@ -390,8 +398,12 @@ def check_equal_answer_counts(targets: torch.Tensor, world: int) -> None:
 
     DDP averages the ranks' gradients, each the gradient of its slice's mean loss over its own answer
     positions; that average equals the gradient of the mean over the whole batch only when every slice
-    holds the same number of answers (tests/test_11_arena.py).
+    holds the same number of answers (tests/test_11_arena.py). ``world`` must divide the batch.
     """
+    check_tensor("targets", targets, min_rank=1)
+    world = check_positive_int("world", world)
+    if targets.shape[0] % world:
+        raise ValueError(f"world={world} must divide the batch of targets {tuple(targets.shape)}")
     counts = (targets != PAD).reshape(world, -1).sum(-1)
     if not bool((counts == counts[0]).all()):
         raise ValueError(f"data-parallel training needs the same number of answer positions on every rank; the "

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .utils import check_tensor
+from .utils import check_instance, check_int, check_tensor
 
 __all__ = ["HuffmanTree", "huffman_tree", "hsoftmax_prob_loop", "hsoftmax_logprob"]
 
@@ -77,6 +77,7 @@ def huffman_tree(freqs) -> HuffmanTree:
 
 
 def _check_hsoftmax(h: torch.Tensor, tree: HuffmanTree, node_vectors: torch.Tensor) -> None:
+    check_instance("tree", tree, HuffmanTree)
     check_tensor("h", h, min_rank=1, floating=True)
     check_tensor("node_vectors", node_vectors, rank=2, floating=True)
     if node_vectors.shape != (tree.n_internal, h.shape[-1]):
@@ -91,8 +92,7 @@ def hsoftmax_prob_loop(h: torch.Tensor, tree: HuffmanTree, node_vectors: torch.T
     ``h (..., d)``, ``node_vectors (V-1, d)`` → ``(...,)``.
     """
     _check_hsoftmax(h, tree, node_vectors)
-    if isinstance(word, bool) or not isinstance(word, int) or not 0 <= word < len(tree.paths):
-        raise ValueError(f"word must be an int in [0, {len(tree.paths)}), got {word!r}")
+    word = check_int("word", word, low=0, high=len(tree.paths) - 1)
     prob = torch.ones(h.shape[:-1], dtype=h.dtype, device=h.device)
     for node, sign in zip(tree.paths[word], tree.signs[word]):
         prob = prob * torch.sigmoid(sign * (h @ node_vectors[node]))

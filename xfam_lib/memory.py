@@ -14,7 +14,6 @@ Conventions (see ``shared/API.md``):
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Callable
 
 import torch
@@ -24,7 +23,8 @@ from torch import nn
 from .attention import causal_mask, repeat_kv, scaled_dot_product_attention
 from .positional import XLRelativeAttention, xl_relative_scores
 from .transformer import FeedForward
-from .utils import broadcasts_to, check_positive_int, check_tensor
+from .utils import (broadcasts_to, check_bool, check_instance, check_int, check_positive_int, check_real, check_tensor,
+                    check_token_ids)
 from .utils import compute_dtype as _compute_dtype
 
 __all__ = [
@@ -57,13 +57,6 @@ def _check_memory(mem: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
     return mem
 
 
-def _check_length(name: str, value) -> int:
-    """A non-negative int (memory lengths may be 0)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return int(value)
-
-
 # ============================================================================= Transformer-XL (M5.1, M5.2)
 def update_xl_memory(mem: torch.Tensor | None, h: torch.Tensor, mem_len: int) -> torch.Tensor:
     """The next segment's memory: the last ``mem_len`` rows of ``[mem; h]``, gradient stopped.
@@ -72,7 +65,7 @@ def update_xl_memory(mem: torch.Tensor | None, h: torch.Tensor, mem_len: int) ->
     ``(B, min(m + L, mem_len), d)``, oldest first.
     """
     _check_states("h", h)
-    mem_len = _check_length("mem_len", mem_len)
+    mem_len = check_int("mem_len", mem_len, low=0)
     mem = _check_memory(mem, h)
     both = torch.cat([mem, h], dim=1)
     return both[:, both.shape[1] - min(mem_len, both.shape[1]):].detach()
@@ -90,13 +83,13 @@ def xl_attention(h: torch.Tensor, mem: torch.Tensor | None, attn: XLRelativeAtte
     run over the whole extended context. Returns ``(B, L, d_model)``, and the attention weights
     ``(B, H, L, m + L)`` with ``return_weights=True``.
     """
-    if not isinstance(attn, XLRelativeAttention):
-        raise TypeError(f"attn must be a positional.XLRelativeAttention, got {type(attn).__name__}")
+    check_instance("attn", attn, XLRelativeAttention)
     _check_states("h", h, attn.d_model)
     mem = _check_memory(mem, h)
+    check_bool("return_weights", return_weights)
     context = torch.cat([mem.detach(), h], dim=1)                                   # (B, m + L, d)
     b, seg_len, k_len = h.shape[0], h.shape[1], context.shape[1]
-    heads = lambda x, n: x.view(b, -1, n, attn.d_head).transpose(1, 2)              # (B, n, len, d_head)
+    heads = lambda x, n: x.view(b, x.shape[1], n, attn.d_head).transpose(1, 2)      # (B, n, len, d_head)
     n_rep = attn.n_heads // attn.n_kv_heads
     q = heads(attn.q_proj(h), attn.n_heads)
     k = repeat_kv(heads(attn.k_proj(context), attn.n_kv_heads), n_rep)
@@ -141,16 +134,18 @@ class TransformerXL(nn.Module):
 
     def __init__(self, vocab: int, d_model: int, n_layers: int, n_heads: int, d_ff: int, mem_len: int):
         super().__init__()
-        check_positive_int("vocab", vocab)
+        self.vocab = check_positive_int("vocab", vocab)
         self.n_layers = check_positive_int("n_layers", n_layers)
-        self.mem_len = _check_length("mem_len", mem_len)
+        self.mem_len = check_int("mem_len", mem_len, low=0)
         self.embed = nn.Embedding(vocab, d_model)
         self.layers = nn.ModuleList(XLLayer(d_model, n_heads, d_ff) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
 
     def forward(self, ids: torch.Tensor, mems: list[torch.Tensor] | None = None):
-        check_tensor("ids", ids, rank=2)
+        check_token_ids("ids", ids, self.vocab, rank=2)
+        if mems is not None:
+            check_instance("mems", mems, (list, tuple))
         if mems is not None and len(mems) != self.n_layers:
             raise ValueError(f"mems must hold one memory per layer ({self.n_layers}), got {len(mems)}")
         mems = [None] * self.n_layers if mems is None else mems
@@ -169,9 +164,9 @@ def temporal_range(mem_len: int, n_layers: int, cmem_len: int = 0, ratio: int = 
     Each layer attends over only ``L + mem_len (+ cmem_len)`` keys; the range grows through depth
     (ERRATA E5.2).
     """
-    mem_len = _check_length("mem_len", mem_len)
+    mem_len = check_int("mem_len", mem_len, low=0)
     n_layers = check_positive_int("n_layers", n_layers)
-    cmem_len = _check_length("cmem_len", cmem_len)
+    cmem_len = check_int("cmem_len", cmem_len, low=0)
     ratio = check_positive_int("ratio", ratio)
     return n_layers * (mem_len + ratio * cmem_len)
 
@@ -242,7 +237,7 @@ def update_memories(mem: torch.Tensor | None, cmem: torch.Tensor | None, h: torc
     """
     _check_states("h", h)
     mem, cmem = _check_memory(mem, h), _check_memory(cmem, h)
-    mem_len, cmem_len = _check_length("mem_len", mem_len), _check_length("cmem_len", cmem_len)
+    mem_len, cmem_len = check_int("mem_len", mem_len, low=0), check_int("cmem_len", cmem_len, low=0)
     queue = torch.cat([mem, h], dim=1).detach()
     n_old = max(0, queue.shape[1] - mem_len)
     old_mem, new_mem = queue[:, :n_old], queue[:, n_old:]
@@ -263,7 +258,7 @@ class CompressiveMemory(nn.Module):
 
     def __init__(self, mem_len: int, cmem_len: int, ratio: int, compressor="mean", *, d_model: int | None = None):
         super().__init__()
-        self.mem_len, self.cmem_len = _check_length("mem_len", mem_len), _check_length("cmem_len", cmem_len)
+        self.mem_len, self.cmem_len = check_int("mem_len", mem_len, low=0), check_int("cmem_len", cmem_len, low=0)
         self.ratio = check_positive_int("ratio", ratio)
         self.kind = compressor if isinstance(compressor, str) else "callable"
         if compressor == "conv":
@@ -305,7 +300,7 @@ class CompressiveMemory(nn.Module):
 def _content_attention(h: torch.Tensor, kv: torch.Tensor, attn: XLRelativeAttention) -> torch.Tensor:
     """Multi-head content attention of ``h`` over ``kv`` with ``attn``'s frozen projections, before ``out_proj``."""
     b, d_head = h.shape[0], attn.d_head
-    heads = lambda x, n: x.view(b, -1, n, d_head).transpose(1, 2)
+    heads = lambda x, n: x.view(b, x.shape[1], n, d_head).transpose(1, 2)
     n_rep = attn.n_heads // attn.n_kv_heads
     q = heads(F.linear(h, attn.q_proj.weight.detach()), attn.n_heads)
     k = repeat_kv(heads(F.linear(kv, attn.k_proj.weight.detach()), attn.n_kv_heads), n_rep)
@@ -322,8 +317,7 @@ def attention_reconstruction_loss(h: torch.Tensor, old_mem: torch.Tensor, new_cm
     the layer's projections. Only the compressor learns from it: ``h``, ``old_mem`` and ``attn``'s
     weights are gradient-stopped, so gradients reach ``new_cmem`` alone.
     """
-    if not isinstance(attn, XLRelativeAttention):
-        raise TypeError(f"attn must be a positional.XLRelativeAttention, got {type(attn).__name__}")
+    check_instance("attn", attn, XLRelativeAttention)
     for name, t in (("h", h), ("old_mem", old_mem), ("new_cmem", new_cmem)):
         _check_states(name, t, attn.d_model)
     if not h.shape[0] == old_mem.shape[0] == new_cmem.shape[0]:
@@ -425,8 +419,8 @@ def exact_knn(q: torch.Tensor, keys: torch.Tensor, k: int, *, metric: str = "l2"
         raise ValueError(f"metric must be 'l2' or 'ip', got {metric!r}")
     if block_size is not None:
         block_size = check_positive_int("block_size", block_size)
-    lead, lq = q.shape[:-2], q.shape[-2]
     q3, keys3, k = _knn_inputs(q, keys, k)
+    lead, lq = q.shape[:-2], q.shape[-2]
     in_dtype = q.dtype
     cdtype = _compute_dtype(in_dtype)
     q3, keys3 = q3.to(cdtype), keys3.to(cdtype)
@@ -466,8 +460,7 @@ def knn_distribution(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, k:
     vocab = check_positive_int("vocab", vocab)
     if vals.numel() and (int(vals.min()) < 0 or int(vals.max()) >= vocab):
         raise ValueError(f"vals must lie in [0, vocab={vocab}), got range [{int(vals.min())}, {int(vals.max())}]")
-    if not (isinstance(temp, numbers.Real) and math.isfinite(temp) and temp > 0):
-        raise ValueError(f"temp must be a positive finite number, got {temp!r}")
+    temp = check_real("temp", temp, low=0.0, low_open=True)
     dists, idx = exact_knn(q.unsqueeze(-2), keys, k, block_size=block_size)       # (..., 1, k)
     weights = torch.softmax(-dists.squeeze(-2).to(_compute_dtype(q.dtype)) / temp, dim=-1)
     p = weights.new_zeros(*q.shape[:-1], vocab)
@@ -480,8 +473,7 @@ def knn_lm_interpolate(p_lm: torch.Tensor, p_knn: torch.Tensor, lam: float) -> t
     check_tensor("p_knn", p_knn, min_rank=1, floating=True)
     if p_lm.shape != p_knn.shape:
         raise ValueError(f"p_lm and p_knn must have the same shape, got {tuple(p_lm.shape)} and {tuple(p_knn.shape)}")
-    if not (isinstance(lam, numbers.Real) and 0.0 <= lam <= 1.0):
-        raise ValueError(f"lam must be a number in [0, 1], got {lam!r}")
+    lam = check_real("lam", lam, low=0.0, high=1.0)
     return lam * p_knn + (1.0 - lam) * p_lm
 
 
@@ -645,9 +637,9 @@ class NeuralMemory:
                  d_value: int | None = None):
         if kind not in ("hebbian", "delta"):
             raise ValueError(f"kind must be 'hebbian' or 'delta', got {kind!r}")
-        for name, val, lo, hi in (("lr", lr, 0.0, math.inf), ("momentum", momentum, 0.0, 1.0), ("decay", decay, 0.0, 1.0)):
-            if not (isinstance(val, numbers.Real) and lo <= val <= hi and math.isfinite(val)):
-                raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {val!r}")
+        lr = check_real("lr", lr, low=0.0)
+        momentum = check_real("momentum", momentum, low=0.0, high=1.0)
+        decay = check_real("decay", decay, low=0.0, high=1.0)
         self.d_key = check_positive_int("d", d)
         self.d_value = self.d_key if d_value is None else check_positive_int("d_value", d_value)
         self.kind, self.lr, self.momentum, self.decay = kind, float(lr), float(momentum), float(decay)

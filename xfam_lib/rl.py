@@ -8,7 +8,6 @@ seconds, with no download; `TMaze` (a `gymnasium.Env`), the LSTM and Transformer
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -20,7 +19,7 @@ from torch import nn
 from .attention import MultiHeadAttention, causal_mask
 from .train import progress_range
 from .transformer import FeedForward
-from .utils import check_positive_int, check_tensor
+from .utils import check_bool, check_instance, check_positive_int, check_real, check_tensor, check_token_ids
 
 __all__ = [
     "GRUGate", "GTrXLBlock", "gate_deviation", "layer_gradient_norms", "cue_recall_batch", "CueRecallNet",
@@ -50,8 +49,7 @@ class GRUGate(nn.Module):
     def __init__(self, d: int, bias_init: float = 2.0):
         super().__init__()
         d = check_positive_int("d", d)
-        if not math.isfinite(float(bias_init)):
-            raise ValueError(f"bias_init must be finite, got {bias_init!r}")
+        bias_init = check_real("bias_init", bias_init)
         self.W = nn.Linear(d, 3 * d, bias=False)          # W_r, W_z, W_g applied to y
         self.U_rz = nn.Linear(d, 2 * d, bias=False)       # U_r, U_z applied to x
         self.U_g = nn.Linear(d, d, bias=False)            # U_g applied to r * x
@@ -71,6 +69,7 @@ class GRUGate(nn.Module):
 
 def gate_deviation(gate: GRUGate, x: torch.Tensor, y: torch.Tensor) -> float:
     """``||g(x, y) - x|| / ||x||``: how far the gate is from the identity map (F10.1)."""
+    check_instance("gate", gate, GRUGate)
     with torch.no_grad():
         return float((gate(x, y) - x).norm() / x.norm())
 
@@ -135,8 +134,8 @@ class GTrXLBlock(nn.Module):
             raise ValueError(f"gate must be one of {_GATES}, got {gate!r}")
         if not reorder and gate != "residual":
             raise ValueError("reorder=False is the Post-LN layer and takes only gate='residual'")
-        self.gate, self.reorder = gate, bool(reorder)
-        self.relu = self.reorder if relu is None else bool(relu)
+        self.gate, self.reorder = gate, check_bool("reorder", reorder)
+        self.relu = self.reorder if relu is None else check_bool("relu", relu)
         self.attn = MultiHeadAttention(d_model, n_heads)
         self.ff = FeedForward(d_model, 4 * d_model if d_ff is None else check_positive_int("d_ff", d_ff), activation)
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
@@ -195,7 +194,8 @@ class CueRecallNet(nn.Module):
     def __init__(self, vocab: int, n_cues: int, length: int, *, depth: int, d_model: int = 32, n_heads: int = 4,
                  **block_kwargs):
         super().__init__()
-        self.embed = nn.Embedding(check_positive_int("vocab", vocab), d_model)
+        self.vocab = check_positive_int("vocab", vocab)
+        self.embed = nn.Embedding(vocab, check_positive_int("d_model", d_model))
         self.pos = nn.Embedding(check_positive_int("length", length), d_model)
         self.blocks = nn.ModuleList(GTrXLBlock(d_model, n_heads, **block_kwargs)
                                     for _ in range(check_positive_int("depth", depth)))
@@ -203,7 +203,7 @@ class CueRecallNet(nn.Module):
         self.head = nn.Linear(d_model, check_positive_int("n_cues", n_cues))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        check_tensor("tokens", tokens, rank=2)
+        check_token_ids("tokens", tokens, self.vocab, rank=2)
         if tokens.shape[1] > self.pos.num_embeddings:
             raise ValueError(f"tokens has length {tokens.shape[1]} > the {self.pos.num_embeddings} positions")
         h = self.embed(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
@@ -243,8 +243,7 @@ def train_cue_recall(block_kwargs: dict, *, depth: int = 12, steps: int = 200, l
 def returns_to_go(rewards: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
     """``R_t = sum_{t' >= t} gamma^(t' - t) r_t'`` over the last dim: ``(..., T) -> (..., T)``."""
     check_tensor("rewards", rewards, min_rank=1, floating=True)
-    if not 0.0 < float(gamma) <= 1.0:
-        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+    gamma = check_real("gamma", gamma, low=0.0, high=1.0, low_open=True)
     if gamma == 1.0:
         return rewards.flip(-1).cumsum(-1).flip(-1)
     out = torch.empty_like(rewards)
@@ -289,9 +288,10 @@ class DecisionTransformer(nn.Module):
     def __init__(self, state_dim: int, act_dim: int, *, d_model: int = 64, n_layers: int = 2, n_heads: int = 2,
                  max_timestep: int = 64, discrete: bool = True, use_returns: bool = True, use_states: bool = True):
         super().__init__()
-        self.use_returns, self.use_states = bool(use_returns), bool(use_states)
+        self.use_returns, self.use_states = check_bool("use_returns", use_returns), check_bool("use_states", use_states)
         self.state_dim, self.act_dim = check_positive_int("state_dim", state_dim), check_positive_int("act_dim", act_dim)
-        self.max_timestep, self.discrete = check_positive_int("max_timestep", max_timestep), bool(discrete)
+        self.max_timestep = check_positive_int("max_timestep", max_timestep)
+        self.discrete = check_bool("discrete", discrete)
         self.embed_timestep = nn.Embedding(max_timestep, d_model)
         self.embed_return = nn.Linear(1, d_model)
         self.embed_state = nn.Linear(state_dim, d_model)
@@ -313,10 +313,12 @@ class DecisionTransformer(nn.Module):
         if tuple(actions.shape) != want or actions.is_floating_point() == self.discrete:
             kind = "integer ids" if self.discrete else "floats"
             raise ValueError(f"actions must be {kind} of shape {want}, got {actions.dtype} {tuple(actions.shape)}")
+        if self.discrete:
+            check_token_ids("actions", actions, self.act_dim, vocab_name="act_dim")
         check_tensor("timesteps", timesteps)
         if timesteps.shape != (b, t) or timesteps.is_floating_point():
             raise ValueError(f"timesteps must be integer (B={b}, T={t}), got {timesteps.dtype} {tuple(timesteps.shape)}")
-        if t and (int(timesteps.min()) < 0 or int(timesteps.max()) >= self.max_timestep):
+        if timesteps.numel() and (int(timesteps.min()) < 0 or int(timesteps.max()) >= self.max_timestep):
             raise ValueError(f"timesteps must lie in [0, {self.max_timestep}), got "
                              f"[{int(timesteps.min())}, {int(timesteps.max())}]")
 
@@ -418,6 +420,9 @@ def collect_offline_dataset(env: ChainMDP, n_episodes: int, *, p_open=(0.1, 0.3,
 def train_decision_transformer(model: DecisionTransformer, data: OfflineDataset, *, steps: int = 300,
                                batch: int = 64, lr: float = 1e-3, seed: int = 0) -> list[float]:
     """Fit ``model`` to the dataset's actions (cross-entropy; MSE for continuous actions); returns the losses."""
+    check_instance("model", model, DecisionTransformer)
+    check_instance("data", data, OfflineDataset)
+    lr = check_real("lr", lr, low=0.0, low_open=True)
     steps, batch = check_positive_int("steps", steps), check_positive_int("batch", batch)
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
@@ -450,6 +455,8 @@ def rollout(model: DecisionTransformer, env: ChainMDP, target_return, *, episode
     actions (a placeholder for ``a_t``) and timesteps; it plays the argmax action read at ``s_t``. The
     combinations are drawn with a CPU generator seeded with ``seed``.
     """
+    check_instance("model", model, DecisionTransformer)
+    check_instance("env", env, ChainMDP)
     targets = torch.as_tensor(target_return, dtype=torch.float).cpu()
     if targets.dim() == 0:
         targets = targets.expand(check_positive_int("episodes", episodes))
@@ -585,6 +592,8 @@ def play_episodes(policy: nn.Module, envs, *, seed: int, greedy: bool = False) -
     ``seed, seed + 1, ...``) or takes the argmax when ``greedy``. Raises if the episodes end at
     different steps.
     """
+    check_instance("policy", policy, nn.Module)
+    check_bool("greedy", greedy)
     envs = list(envs)
     if not envs:
         raise ValueError("envs must hold at least one environment")
@@ -620,11 +629,14 @@ def reinforce_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Te
     ``E[grad log pi(a_t)] = 0`` for anything that does not depend on ``a_t``.
     """
     check_tensor("logits", logits, rank=3, floating=True)
+    value_coef = check_real("value_coef", value_coef, low=0.0)
+    entropy_coef = check_real("entropy_coef", entropy_coef, low=0.0)
     b, t, _ = logits.shape
     for name, x in (("values", values), ("actions", actions), ("rewards", rewards)):
         check_tensor(name, x, rank=2)
         if x.shape != (b, t):
             raise ValueError(f"{name} must be (B={b}, T={t}) like logits, got {tuple(x.shape)}")
+    check_token_ids("actions", actions, logits.shape[-1], vocab_name="A (logits.shape[-1])")
     logp = logits.log_softmax(-1)
     g = returns_to_go(rewards.to(logp.dtype), gamma)
     chosen = logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)

@@ -5,9 +5,12 @@ Every function takes a ``torch.Generator`` so batches are reproducible.
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
-from .utils import check_positive_int
+from .utils import check_int, check_positive_int, check_real, check_tensor
 
 __all__ = ["PAD", "BOS", "N_SPECIAL", "copy_task", "reverse_task", "associative_recall", "lm_copy_task",
            "accuracy", "LaggedTopicLanguage"]
@@ -42,7 +45,9 @@ def reverse_task(batch: int, length: int, vocab: int, *, generator: torch.Genera
 def _key_value_pairs(batch: int, n_pairs: int, vocab: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
     """``keys, values (batch, n_pairs)``: keys distinct within a row, from the lower half of the data
     tokens; values from the upper half."""
+    check_positive_int("batch", batch)
     check_positive_int("n_pairs", n_pairs)
+    check_positive_int("vocab", vocab)
     n_data = vocab - N_SPECIAL
     n_keys = n_data // 2
     if n_keys < n_pairs or n_data - n_keys < 1:
@@ -87,20 +92,25 @@ def accuracy(pred: torch.Tensor, target: torch.Tensor, *, by: str = "token", ign
 
     ``by="token"``: fraction of equal tokens (float); ``by="sequence"``: fraction of rows equal at every
     position, i.e. exact match (float); ``by="position"``: per-position accuracy ``(L,)``.
-    Positions whose target is ``ignore_index`` are left out.
+    Positions whose target is ``ignore_index`` are left out. A fraction of nothing is NaN: with no
+    scored token (``"token"``), no row (``"sequence"``, ``B = 0``) or, per position, no scored token
+    there (``"position"``).
     """
-    if not isinstance(pred, torch.Tensor) or not isinstance(target, torch.Tensor):
-        raise TypeError(f"pred and target must be tensors, got {type(pred).__name__} and {type(target).__name__}")
-    if pred.shape != target.shape or pred.dim() != 2:
+    check_tensor("pred", pred, rank=2)
+    check_tensor("target", target, rank=2)
+    if pred.shape != target.shape:
         raise ValueError(f"pred and target must both be (B, L), got {tuple(pred.shape)} and {tuple(target.shape)}")
+    if ignore_index is not None:
+        ignore_index = check_int("ignore_index", ignore_index)
     keep = torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target != ignore_index
     hit = (pred == target) & keep
+    fraction = lambda hits, total: hits / total if total else math.nan     # exact counts, divided in fp64
     if by == "token":
-        return int(hit.sum()) / max(int(keep.sum()), 1)                  # exact counts, divided in fp64
+        return fraction(int(hit.sum()), int(keep.sum()))
     if by == "sequence":
-        return int((hit | ~keep).all(dim=1).sum()) / hit.shape[0]
+        return fraction(int((hit | ~keep).all(dim=1).sum()), hit.shape[0])
     if by == "position":
-        return hit.sum(0).double() / keep.sum(0).clamp_min(1)
+        return hit.sum(0).double() / keep.sum(0)
     raise ValueError(f"by must be 'token', 'sequence' or 'position', got {by!r}")
 
 
@@ -145,10 +155,11 @@ def offset_copy(batch: int, length: int, vocab: int, offsets=(-1,), *, generator
     serve together. Offsets are distinct non-zero ints with ``|offset| < length``.
     """
     ids = _tokens(batch, length, vocab, generator, device)
-    offsets = tuple(offsets) if not isinstance(offsets, int) else (offsets,)
-    if (not offsets or any(isinstance(o, bool) or not isinstance(o, int) for o in offsets)
+    offsets = tuple(offsets) if not isinstance(offsets, numbers.Integral) else (offsets,)
+    if (not offsets or any(isinstance(o, bool) or not isinstance(o, numbers.Integral) for o in offsets)
             or len(set(offsets)) != len(offsets) or any(o == 0 or abs(o) >= length for o in offsets)):
         raise ValueError(f"offsets must be distinct non-zero ints with |offset| < length={length}, got {offsets!r}")
+    offsets = tuple(int(o) for o in offsets)
     targets = torch.full((batch, length, len(offsets)), PAD, dtype=ids.dtype, device=ids.device)
     for c, o in enumerate(offsets):
         if o < 0:
@@ -209,9 +220,7 @@ class LaggedTopicLanguage:
         self.topic_size = check_positive_int("topic_size", topic_size)
         if topic_size > vocab:
             raise ValueError(f"topic_size={topic_size} exceeds vocab={vocab}")
-        if not 0.0 <= p_rule < 1.0:
-            raise ValueError(f"p_rule must be in [0, 1), got {p_rule}")
-        self.p_rule = float(p_rule)
+        self.p_rule = check_real("p_rule", p_rule, low=0.0, high=1.0, high_open=True)
         self.perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
 
     def sample(self, batch: int, length: int, *, generator: torch.Generator | None = None,
@@ -346,9 +355,7 @@ class ModeBigramLanguage:
         self.n_modes = check_positive_int("n_modes", n_modes)
         if vocab - n_modes < 2:
             raise ValueError(f"vocab={vocab} leaves fewer than 2 data tokens after n_modes={n_modes}")
-        if not 0.0 <= p_rule < 1.0:
-            raise ValueError(f"p_rule must be in [0, 1), got {p_rule}")
-        self.p_rule = float(p_rule)
+        self.p_rule = check_real("p_rule", p_rule, low=0.0, high=1.0, high_open=True)
         gen = torch.Generator().manual_seed(seed)
         self.perms = torch.stack([torch.randperm(vocab - n_modes, generator=gen) for _ in range(n_modes)]) + n_modes
 

@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from .utils import check_bool, check_instance, check_int, check_positive_int, check_real, check_tensor
+
 __all__ = [
     "DEFAULT_TOLERANCES",
     "tolerance_for",
@@ -132,8 +134,12 @@ def check_causal(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *,
     raises ``AssertionError`` if it exceeds ``atol``. ``fn`` maps ``x`` to an output with the same
     sequence axis.
     """
+    _check_fn_x(fn, x, dim)
+    atol = check_real("atol", atol, low=0.0)
     length = x.shape[dim]
-    position = length // 2 if position is None else position
+    if length < 2:
+        raise ValueError(f"x needs at least 2 positions along dim={dim} to test causality, got shape {tuple(x.shape)}")
+    position = length // 2 if position is None else check_int("position", position)
     if not 0 < position < length:
         raise ValueError(f"position must be in (0, {length}), got {position}")
     with torch.no_grad():
@@ -150,9 +156,20 @@ def check_causal(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *,
     return change
 
 
+def _check_fn_x(fn, x, dim) -> None:
+    """``fn`` a callable, ``x`` a tensor with an axis ``dim``."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable, got {type(fn).__name__}")
+    check_tensor("x", x, min_rank=1)
+    dim = check_int("dim", dim)
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim={dim} is not an axis of x of shape {tuple(x.shape)}")
+
+
 def check_permutation_equivariance(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *,
                                    dim: int = -2, generator: torch.Generator | None = None) -> float:
     """Return max |fn(P x) - P fn(x)| for a random permutation P of ``dim`` (≈0 for an equivariant ``fn``)."""
+    _check_fn_x(fn, x, dim)
     perm = torch.randperm(x.shape[dim], generator=generator).to(x.device)
     with torch.no_grad():
         lhs = fn(x.index_select(dim, perm))
@@ -162,6 +179,9 @@ def check_permutation_equivariance(fn: Callable[[torch.Tensor], torch.Tensor], x
 
 def jacobian(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """Full Jacobian of ``fn`` at ``x``, reshaped to ``(fn(x).numel(), x.numel())``."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable, got {type(fn).__name__}")
+    check_tensor("x", x, floating=True)
     jac = torch.autograd.functional.jacobian(fn, x)
     return jac.reshape(-1, x.numel())
 
@@ -170,9 +190,14 @@ def jacobian(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tor
 @torch.no_grad()
 def copy_from_torch_mha(ours, theirs: torch.nn.MultiheadAttention) -> None:
     """Copy an ``nn.MultiheadAttention`` (packed in_proj, batch_first) into a `MultiHeadAttention`."""
+    from .attention import MultiHeadAttention
+    check_instance("ours", ours, MultiHeadAttention)
+    check_instance("theirs", theirs, torch.nn.MultiheadAttention)
     d = theirs.embed_dim
     if ours.d_model != d or ours.n_heads != theirs.num_heads or ours.n_kv_heads != ours.n_heads:
-        raise ValueError("copy_from_torch_mha needs the same d_model and n_heads, and no GQA")
+        raise ValueError(f"ours and theirs need the same d_model and n_heads, and no GQA: ours d_model={ours.d_model}, "
+                         f"n_heads={ours.n_heads}, n_kv_heads={ours.n_kv_heads}; theirs embed_dim={d}, "
+                         f"num_heads={theirs.num_heads}")
     for i, proj in enumerate((ours.q_proj, ours.k_proj, ours.v_proj)):
         proj.weight.copy_(theirs.in_proj_weight[i * d:(i + 1) * d])
         if proj.bias is not None:
@@ -185,6 +210,12 @@ def copy_from_torch_mha(ours, theirs: torch.nn.MultiheadAttention) -> None:
 @torch.no_grad()
 def copy_from_torch_layer(ours, theirs) -> None:
     """Copy an ``nn.TransformerEncoderLayer``/``nn.TransformerDecoderLayer`` into our `EncoderLayer`/`DecoderLayer`."""
+    from .transformer import DecoderLayer, EncoderLayer
+    check_instance("ours", ours, (EncoderLayer, DecoderLayer))
+    check_instance("theirs", theirs, (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer))
+    if isinstance(ours, DecoderLayer) != isinstance(theirs, torch.nn.TransformerDecoderLayer):
+        raise TypeError(f"ours and theirs must both be encoder or both decoder layers, got {type(ours).__name__} "
+                        f"and {type(theirs).__name__}")
     copy_from_torch_mha(ours.self_attn, theirs.self_attn)
     if hasattr(theirs, "multihead_attn"):
         copy_from_torch_mha(ours.cross_attn, theirs.multihead_attn)
@@ -203,10 +234,8 @@ def mc_variance(d_k: int, n_samples: int = 20000, *, mean: float = 0.0, std: flo
     The exact value is ``scale^2 * d_k * (std^4 + 2 std^2 mean^2)``: ``d_k`` for standard normals,
     1 after scaling by ``1/sqrt(d_k)``. Sampled in fp64 from ``generator`` (CPU).
     """
-    if isinstance(d_k, bool) or not isinstance(d_k, int) or d_k <= 0:
-        raise ValueError(f"d_k must be a positive int, got {d_k!r}")
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 2:
-        raise ValueError(f"n_samples must be an int >= 2, got {n_samples!r}")
+    d_k, n_samples = check_positive_int("d_k", d_k), check_int("n_samples", n_samples, low=2)
+    mean, std, scale = check_real("mean", mean), check_real("std", std, low=0.0), check_real("scale", scale)
     q = mean + std * torch.randn(n_samples, d_k, dtype=torch.float64, generator=generator)
     k = mean + std * torch.randn(n_samples, d_k, dtype=torch.float64, generator=generator)
     return float((scale * (q * k).sum(dim=-1)).var())
@@ -216,7 +245,7 @@ def randn(*shape: int, gen: torch.Generator, dtype: torch.dtype = torch.float64,
           requires_grad: bool = False) -> torch.Tensor:
     """Standard normal draws of ``shape`` from the CPU generator ``gen`` (fp64 unless ``dtype``),
     optionally a leaf that records gradients."""
-    return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_(requires_grad)
+    return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_(check_bool("requires_grad", requires_grad))
 
 
 def grads(out: torch.Tensor, inputs, cotangent: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -18,7 +18,7 @@ from torch import nn
 
 from .train import progress_range
 from .transformer import EncoderLayer
-from .utils import check_positive_int, check_tensor
+from .utils import check_bool, check_instance, check_int, check_positive_int, check_real, check_token_ids
 
 __all__ = ["CharCorpus", "tiny_shakespeare", "get_batch", "CharGPT", "gpt2_init", "decay_groups",
            "estimate_loss", "train_char_lm", "sample_text"]
@@ -58,8 +58,7 @@ def tiny_shakespeare(val_fraction: float = 0.1) -> CharCorpus:
     The vocabulary is every character of the text, sorted (65). The last ``val_fraction`` of the
     characters is the validation split, as in nanoGPT's ``shakespeare_char``.
     """
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    check_real("val_fraction", val_fraction, low=0.0, high=1.0, low_open=True, high_open=True)
     text = gzip.decompress(DATA.read_bytes()).decode("utf-8")
     vocab = "".join(sorted(set(text)))
     lookup = torch.full((max(map(ord, vocab)) + 1,), -1, dtype=torch.long)
@@ -72,7 +71,7 @@ def tiny_shakespeare(val_fraction: float = 0.1) -> CharCorpus:
 def get_batch(ids: torch.Tensor, batch: int, block: int, generator: torch.Generator | None = None,
               device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``batch`` random windows of ``block`` ids and their next-character targets, each ``(batch, block)``."""
-    check_tensor("ids", ids, rank=1)
+    check_token_ids("ids", ids, None, rank=1)
     check_positive_int("batch", batch)
     check_positive_int("block", block)
     if len(ids) <= block:
@@ -94,13 +93,12 @@ class CharGPT(nn.Module):
     def __init__(self, vocab: int, d_model: int, n_layers: int, n_heads: int, block: int, *,
                  dropout: float = 0.0, init: str = "gpt2"):
         super().__init__()
-        for name, value in (("vocab", vocab), ("n_layers", n_layers), ("block", block)):
+        for name, value in (("vocab", vocab), ("d_model", d_model), ("n_layers", n_layers), ("block", block)):
             check_positive_int(name, value)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_real("dropout", dropout, low=0.0, high=1.0, high_open=True)
         if init not in ("gpt2", "torch"):
             raise ValueError(f"init must be 'gpt2' or 'torch', got {init!r}")
-        self.block = block
+        self.block, self.vocab = block, vocab
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(block, d_model)
         self.drop = nn.Dropout(dropout)
@@ -113,7 +111,7 @@ class CharGPT(nn.Module):
             gpt2_init(self)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        check_tensor("ids", ids, rank=2)
+        check_token_ids("ids", ids, self.vocab, rank=2)
         if ids.shape[1] > self.block:
             raise ValueError(f"ids of shape {tuple(ids.shape)} are longer than block={self.block}")
         x = self.drop(self.tok(ids) + self.pos.weight[: ids.shape[1]])
@@ -126,6 +124,8 @@ def gpt2_init(model: CharGPT, std: float = 0.02) -> None:
     """GPT-2's initialisation: every linear and embedding weight N(0, std²), biases 0, and the two
     projections that write into the residual stream in each block (attention ``out_proj``, the FFN's
     ``linear2``) N(0, (std / sqrt(2 n_layers))²). LayerNorms keep weight 1, bias 0."""
+    check_instance("model", model, CharGPT)
+    std = check_real("std", std, low=0.0, low_open=True)
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=std)
@@ -139,7 +139,9 @@ def gpt2_init(model: CharGPT, std: float = 0.02) -> None:
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """AdamW parameter groups: the weight matrices of ``nn.Linear`` layers decay by ``weight_decay``;
-    biases, norm parameters and embedding tables (token and position) do not."""
+    biases, norm parameters and embedding tables (token and position) do not. ``weight_decay >= 0``."""
+    check_instance("model", model, nn.Module)
+    weight_decay = check_real("weight_decay", weight_decay, low=0.0)
     matrices = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     decay, keep = [], []
     for p in model.parameters():
@@ -152,6 +154,7 @@ def estimate_loss(model: nn.Module, ids: torch.Tensor, *, block: int, batches: i
                   seed: int = 0, amp_dtype: torch.dtype | None = None) -> float:
     """Mean next-character loss of ``model`` (in eval mode) on ``batches`` batches of windows of
     ``ids`` drawn with ``seed``: the same windows for every model given the same arguments."""
+    check_instance("model", model, nn.Module)
     check_positive_int("batches", batches)
     was_training = model.training
     model.eval()
@@ -179,9 +182,18 @@ def train_char_lm(model: nn.Module, corpus: CharCorpus, *, steps: int, batch: in
     ``eval_every > 0`` also ``val``, the pairs ``(step, validation loss)`` every ``eval_every`` steps
     and at the end (`estimate_loss` on ``eval_batches`` batches of ``corpus.val``).
     """
+    check_instance("model", model, CharGPT)
+    check_instance("corpus", corpus, CharCorpus)
     check_positive_int("steps", steps)
-    if lr <= 0 or warmup < 0:
-        raise ValueError(f"need lr > 0 and warmup >= 0, got lr={lr}, warmup={warmup}")
+    check_positive_int("batch", batch)
+    lr, warmup = check_real("lr", lr, low=0.0, low_open=True), check_int("warmup", warmup, low=0)
+    if grad_clip is not None:
+        grad_clip = check_real("grad_clip", grad_clip, low=0.0, low_open=True)
+    eval_every = check_int("eval_every", eval_every, low=0)
+    eval_batches = check_positive_int("eval_batches", eval_batches)
+    if len(betas) != 2 or not all(0.0 <= check_real("betas", b) < 1.0 for b in betas):
+        raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}")
+    check_bool("progress", progress)
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(decay_groups(model, weight_decay), lr=lr, betas=betas)
@@ -225,9 +237,12 @@ def sample_text(model: CharGPT, corpus: CharCorpus, prompt: str, n_chars: int, *
                 generator: torch.Generator | None = None) -> str:
     """``prompt`` continued by ``n_chars`` characters sampled at ``temperature`` (context cropped to
     the model's ``block``)."""
+    check_instance("model", model, CharGPT)
+    check_instance("corpus", corpus, CharCorpus)
     check_positive_int("n_chars", n_chars)
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    temperature = check_real("temperature", temperature, low=0.0, low_open=True)
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
     device = next(model.parameters()).device
     ids = corpus.encode(prompt)[None].to(device)
     for _ in range(n_chars):

@@ -7,6 +7,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .utils import check_bool, check_instance, check_int, check_positive_int, check_real, check_tensor, check_token_ids
+
 __all__ = ["cross_entropy", "train_loop", "noam_lr", "progress_range"]
 
 
@@ -18,17 +20,23 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
     ``eps = label_smoothing`` (M1.17; 0 gives plain ``-log softmax(logits)[target]``), so the loss is
     ``logsumexp(z) - (1 - eps) * z[target] - eps * mean(z)``, as ``F.cross_entropy(label_smoothing=eps)``.
     Its gradient with respect to the logits is ``(softmax(logits) - q) / N``. Targets equal to
-    ``ignore_index`` are left out, and ``N`` counts the others.
+    ``ignore_index`` (any int, e.g. ``PAD`` or -100) are left out, and ``N`` counts the others (the
+    loss is 0 when every target is ignored). Every other target must be a class in ``[0, V)``: a
+    negative target is an error unless it is the declared ``ignore_index``.
     """
+    check_tensor("logits", logits, min_rank=1, floating=True)
+    if ignore_index is not None:
+        ignore_index = check_int("ignore_index", ignore_index)
+    check_tensor("targets", targets)
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits (..., V) and targets (...) disagree: {tuple(logits.shape)} vs {tuple(targets.shape)}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    check_token_ids("targets", targets, logits.shape[-1], vocab_name="V", ignore_index=ignore_index)
+    label_smoothing = check_real("label_smoothing", label_smoothing, low=0.0, high=1.0)
     logits = logits.reshape(-1, logits.shape[-1])
     targets = targets.reshape(-1)
     keep = torch.ones_like(targets, dtype=torch.bool) if ignore_index is None else targets != ignore_index
     lse = torch.logsumexp(logits, dim=-1)
-    picked = logits.gather(-1, targets.clamp_min(0)[:, None]).squeeze(-1)
+    picked = logits.gather(-1, targets.where(keep, 0)[:, None]).squeeze(-1)
     per_token = lse - (1.0 - label_smoothing) * picked - label_smoothing * logits.mean(-1)
     return (per_token * keep).sum() / keep.sum().clamp_min(1)
 
@@ -41,9 +49,9 @@ def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
     To drive an optimiser whose ``lr`` is 1: ``LambdaLR(opt, lambda s: noam_lr(s + 1, d_model, warmup))``
     (``LambdaLR`` counts from 0).
     """
-    for name, value in (("step", step), ("d_model", d_model), ("warmup", warmup)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    step, d_model, warmup = (check_int(name, value, low=1) for name, value in
+                             (("step", step), ("d_model", d_model), ("warmup", warmup)))
+    factor = check_real("factor", factor, low=0.0, low_open=True)
     return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
 
 
@@ -56,9 +64,16 @@ def train_loop(model: nn.Module, loss_fn: Callable[[nn.Module, int], torch.Tenso
     (0: constant ``lr``). Returns the loss of every step. A non-finite loss stops training with
     a ``FloatingPointError`` naming the step. With ``progress``, a run that lasts longer than
     ``PROGRESS_DELAY_S`` shows a progress bar with the time left, removed when it ends.
+    ``grad_clip`` is None (no clipping) or the positive largest gradient norm.
     """
-    if steps <= 0 or lr <= 0 or warmup < 0:
-        raise ValueError(f"need steps > 0, lr > 0, warmup >= 0; got steps={steps}, lr={lr}, warmup={warmup}")
+    check_instance("model", model, nn.Module)
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a callable (model, step) -> loss, got {type(loss_fn).__name__}")
+    steps, lr = check_positive_int("steps", steps), check_real("lr", lr, low=0.0, low_open=True)
+    warmup, weight_decay = check_int("warmup", warmup, low=0), check_real("weight_decay", weight_decay, low=0.0)
+    if grad_clip is not None:
+        grad_clip = check_real("grad_clip", grad_clip, low=0.0, low_open=True)
+    check_bool("progress", progress)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     losses: list[float] = []
@@ -66,6 +81,9 @@ def train_loop(model: nn.Module, loss_fn: Callable[[nn.Module, int], torch.Tenso
     bar = _progress_bar(steps, desc, enabled=progress)
     for step in bar:
         loss = loss_fn(model, step)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(f"loss_fn must return a one-element loss tensor, got {type(loss).__name__} "
+                            f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''} at step {step}")
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"loss became {loss.item()} at step {step}")
         opt.zero_grad(set_to_none=True)
@@ -91,7 +109,7 @@ def progress_range(steps: int, desc: str = "training"):
     The bar appears once the loop has run ``PROGRESS_DELAY_S`` seconds, shows the time left, and
     is removed when the loop ends.
     """
-    return _progress_bar(steps, desc, enabled=True)
+    return _progress_bar(check_int("steps", steps, low=0), desc, enabled=True)
 
 
 def _progress_bar(steps: int, desc: str, *, enabled: bool):

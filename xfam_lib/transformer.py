@@ -15,7 +15,8 @@ from torch import nn
 from .attention import CrossKVCache, KVCache, MultiHeadAttention, causal_mask
 from .positional import (AlibiBias, RotaryEmbedding, ShawRelativeAttention, T5RelativeBias, XLRelativeAttention,
                          sinusoidal_encoding)
-from .utils import check_positive_int, check_tensor
+from .utils import (check_bool, check_instance, check_int, check_positive_int, check_real, check_tensor,
+                    check_token_ids)
 
 __all__ = [
     "FeedForward", "layer_norm", "batch_norm", "RMSNorm", "SwiGLU", "ffn_hidden_size",
@@ -35,17 +36,40 @@ class FeedForward(nn.Module):
         super().__init__()
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        d_model, d_ff = check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff)
+        self.linear1 = nn.Linear(d_model, d_ff, bias=check_bool("bias", bias))
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_features("x", x, self.linear1.in_features)
         return self.linear2(_ACTIVATIONS[self.activation](self.linear1(x)))
+
+
+def _check_features(name: str, x, d: int) -> None:
+    """``x`` is a floating tensor ``(..., d)``."""
+    check_tensor(name, x, min_rank=1, floating=True)
+    if x.shape[-1] != d:
+        raise ValueError(f"{name} must end in the feature size d={d}, got shape {tuple(x.shape)}")
+
+
+def _check_norm_args(x, weight, bias, eps) -> None:
+    """A real floating ``x (..., d)``, optional ``weight``/``bias`` ``(d,)`` and ``eps >= 0``."""
+    check_tensor("x", x, min_rank=1, floating=True)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            _check_features(name, t, x.shape[-1])
+            if t.dim() != 1:
+                raise ValueError(f"{name} must be (d,) = ({x.shape[-1]},), got shape {tuple(t.shape)}")
+    check_real("eps", eps, low=0.0)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                eps: float = 1e-5) -> torch.Tensor:
-    """LayerNorm: statistics over the last dim (features) of each position, independent of the batch."""
+    """LayerNorm: statistics over the last dim (features) of each position, independent of the batch.
+
+    ``x (..., d)`` real floating; ``weight``, ``bias`` ``(d,)`` or None; ``eps >= 0``."""
+    _check_norm_args(x, weight, bias, eps)
     mean = x.mean(dim=-1, keepdim=True)
     var = x.var(dim=-1, unbiased=False, keepdim=True)
     y = (x - mean) / torch.sqrt(var + eps)
@@ -56,7 +80,10 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
 
 def batch_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                eps: float = 1e-5) -> torch.Tensor:
-    """BatchNorm in training mode: statistics per feature over every other axis (e.g. B and T of ``(B, T, d)``)."""
+    """BatchNorm in training mode: statistics per feature over every other axis (e.g. B and T of ``(B, T, d)``).
+
+    Arguments as `layer_norm`."""
+    _check_norm_args(x, weight, bias, eps)
     dims = tuple(range(x.dim() - 1))
     mean = x.mean(dim=dims, keepdim=True)
     var = x.var(dim=dims, unbiased=False, keepdim=True)
@@ -71,10 +98,11 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d: int, eps: float = 1e-6):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = check_real("eps", eps, low=0.0)
+        self.weight = nn.Parameter(torch.ones(check_positive_int("d", d)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_features("x", x, self.weight.shape[0])
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x   # half types: statistics in fp32
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
@@ -84,16 +112,23 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model: int, hidden: int):
         super().__init__()
+        d_model, hidden = check_positive_int("d_model", d_model), check_positive_int("hidden", hidden)
         self.w1 = nn.Linear(d_model, hidden, bias=False)
         self.w3 = nn.Linear(d_model, hidden, bias=False)
         self.w2 = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_features("x", x, self.w1.in_features)
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 def ffn_hidden_size(dim: int, multiple_of: int, ffn_dim_multiplier: float | None = None) -> int:
-    """Llama's SwiGLU width: ``4*dim*2/3``, times the multiplier, rounded up to ``multiple_of``."""
+    """Llama's SwiGLU width: ``4*dim*2/3``, times the multiplier, rounded up to ``multiple_of``.
+
+    ``dim`` and ``multiple_of`` are positive ints, ``ffn_dim_multiplier`` None or a positive number."""
+    dim, multiple_of = check_positive_int("dim", dim), check_positive_int("multiple_of", multiple_of)
+    if ffn_dim_multiplier is not None:
+        check_real("ffn_dim_multiplier", ffn_dim_multiplier, low=0.0, low_open=True)
     hidden = int(2 * (4 * dim) / 3)
     if ffn_dim_multiplier is not None:
         hidden = int(ffn_dim_multiplier * hidden)
@@ -113,16 +148,16 @@ class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, norm_first: bool = False,
                  activation: str = "relu", eps: float = 1e-5, dropout: float = 0.0):
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        check_real("dropout", dropout, low=0.0, high=1.0, high_open=True)
+        self.norm_first = check_bool("norm_first", norm_first)
         self.ff = FeedForward(d_model, d_ff, activation)
-        self.norm1 = nn.LayerNorm(d_model, eps=eps)
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.norm1 = nn.LayerNorm(d_model, eps=check_real("eps", eps, low=0.0))
         self.norm2 = nn.LayerNorm(d_model, eps=eps)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+        check_bool("causal", causal)
         if self.norm_first:
             x = x + self.drop(self.self_attn(self.norm1(x), mask=mask, causal=causal))
             return x + self.drop(self.ff(self.norm2(x)))
@@ -141,17 +176,18 @@ class DecoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, norm_first: bool = False,
                  activation: str = "relu", eps: float = 1e-5):
         super().__init__()
-        self.norm_first = norm_first
+        self.norm_first = check_bool("norm_first", norm_first)
+        self.ff = FeedForward(d_model, d_ff, activation)
         self.self_attn = MultiHeadAttention(d_model, n_heads)
         self.cross_attn = MultiHeadAttention(d_model, n_heads)
-        self.ff = FeedForward(d_model, d_ff, activation)
-        self.norm1 = nn.LayerNorm(d_model, eps=eps)
+        self.norm1 = nn.LayerNorm(d_model, eps=check_real("eps", eps, low=0.0))
         self.norm2 = nn.LayerNorm(d_model, eps=eps)
         self.norm3 = nn.LayerNorm(d_model, eps=eps)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
                 self_mask: torch.Tensor | None = None,
                 cache: tuple[KVCache, CrossKVCache] | None = None) -> torch.Tensor:
+        _check_memory(x, memory)
         self_cache, cross_cache = cache if cache is not None else (None, None)
 
         def self_block(h):
@@ -169,6 +205,23 @@ class DecoderLayer(nn.Module):
         return self.norm3(x + self.ff(x))
 
 
+def _check_memory(x, memory) -> None:
+    """``memory (B, S, d)``: the encoder's output for the decoder states ``x (B, T, d)``."""
+    check_tensor("x", x, rank=3, floating=True)
+    check_tensor("memory", memory, rank=3, floating=True)
+    if memory.shape[0] != x.shape[0] or memory.shape[-1] != x.shape[-1]:
+        raise ValueError(f"memory must be (B={x.shape[0]}, S, d={x.shape[-1]}) for x {tuple(x.shape)}, "
+                         f"got {tuple(memory.shape)}")
+
+
+def _check_cache(cache, n_layers: int) -> None:
+    """``cache`` is None or a list with one entry per layer (from ``make_cache``)."""
+    if cache is not None:
+        check_instance("cache", cache, (list, tuple))
+        if len(cache) != n_layers:
+            raise ValueError(f"cache must hold one entry per layer ({n_layers}; use make_cache), got {len(cache)}")
+
+
 class Encoder(nn.Module):
     """A stack of `EncoderLayer` on embedded inputs, with an optional final LayerNorm (needed for Pre-LN)."""
 
@@ -178,7 +231,8 @@ class Encoder(nn.Module):
         check_positive_int("n_layers", n_layers)
         self.layers = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, norm_first=norm_first, activation=activation)
                                     for _ in range(n_layers))
-        self.norm = nn.LayerNorm(d_model) if (norm_first if final_norm is None else final_norm) else nn.Identity()
+        final_norm = norm_first if final_norm is None else check_bool("final_norm", final_norm)
+        self.norm = nn.LayerNorm(d_model) if final_norm else nn.Identity()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         for layer in self.layers:
@@ -195,7 +249,8 @@ class Decoder(nn.Module):
         check_positive_int("n_layers", n_layers)
         self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, norm_first=norm_first, activation=activation)
                                     for _ in range(n_layers))
-        self.norm = nn.LayerNorm(d_model) if (norm_first if final_norm is None else final_norm) else nn.Identity()
+        final_norm = norm_first if final_norm is None else check_bool("final_norm", final_norm)
+        self.norm = nn.LayerNorm(d_model) if final_norm else nn.Identity()
 
     def make_cache(self, batch: int, max_len: int) -> list[tuple[KVCache, CrossKVCache]]:
         """One (self-attention KVCache, cross-attention CrossKVCache) pair per layer."""
@@ -203,6 +258,7 @@ class Decoder(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
                 self_mask: torch.Tensor | None = None, cache: list | None = None) -> torch.Tensor:
+        _check_cache(cache, len(self.layers))
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, memory_mask, self_mask, None if cache is None else cache[i])
         return self.norm(x)
@@ -224,7 +280,12 @@ class EncoderDecoder(nn.Module):
                  norm_first: bool = False, pad_id: int | None = 0, max_len: int = 512, tie_weights: bool = False):
         super().__init__()
         check_positive_int("vocab", vocab)
-        self.vocab, self.d_model, self.pad_id = vocab, d_model, pad_id
+        check_positive_int("max_len", max_len)
+        if pad_id is not None:
+            pad_id = check_int("pad_id", pad_id, low=0, high=vocab - 1)
+        check_bool("norm_first", norm_first)
+        check_bool("tie_weights", tie_weights)
+        self.vocab, self.d_model, self.pad_id = vocab, check_positive_int("d_model", d_model), pad_id
         self.src_embed = nn.Embedding(vocab, d_model)
         self.tgt_embed = nn.Embedding(vocab, d_model)
         self.register_buffer("pos", sinusoidal_encoding(max_len, d_model), persistent=False)
@@ -235,10 +296,13 @@ class EncoderDecoder(nn.Module):
             nn.init.normal_(self.src_embed.weight, std=d_model ** -0.5)
             self.tgt_embed.weight = self.head.weight = self.src_embed.weight
 
-    def _embed(self, table: nn.Embedding, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
-        check_tensor("ids", ids, rank=2)
+    def _embed(self, table: nn.Embedding, ids: torch.Tensor, start: int = 0, *, name: str = "ids",
+               check_ids: bool = True) -> torch.Tensor:
+        if check_ids:                       # decoding loops check their first input once, not every token
+            check_token_ids(name, ids, self.vocab, rank=2)
         if start + ids.shape[1] > self.pos.shape[0]:
-            raise ValueError(f"sequence of length {start + ids.shape[1]} exceeds max_len={self.pos.shape[0]}")
+            raise ValueError(f"{name} reaches position {start + ids.shape[1]}, beyond the model's "
+                             f"max_len={self.pos.shape[0]}")
         return table(ids) * math.sqrt(self.d_model) + self.pos[start:start + ids.shape[1]]
 
     def source_mask(self, src: torch.Tensor) -> torch.Tensor | None:
@@ -247,13 +311,22 @@ class EncoderDecoder(nn.Module):
 
     def encode(self, src: torch.Tensor) -> torch.Tensor:
         """Source ids ``(B, S)`` → memory ``(B, S, d)``: one contextual vector per source token."""
-        return self.encoder(self._embed(self.src_embed, src), self.source_mask(src))
+        return self.encoder(self._embed(self.src_embed, src, name="src"), self.source_mask(src))
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src: torch.Tensor, cache: list | None = None) -> torch.Tensor:
         """Target ids ``(B, T)`` → logits ``(B, T, vocab)``. With ``cache``, ``tgt_in`` holds only the new tokens."""
+        check_tensor("src", src, rank=2)
+        check_tensor("memory", memory, rank=3, floating=True)
+        if src.shape != memory.shape[:2]:
+            raise ValueError(f"memory (B, S, d) must be encode(src): src {tuple(src.shape)}, "
+                             f"memory {tuple(memory.shape)}")
+        return self._decode(tgt_in, memory, src, cache)
+
+    def _decode(self, tgt_in, memory, src, cache, *, check_ids: bool = True) -> torch.Tensor:
+        _check_cache(cache, len(self.decoder.layers))
         start = cache[0][0].length if cache is not None else 0
-        h = self.decoder(self._embed(self.tgt_embed, tgt_in, start), memory, self.source_mask(src), cache=cache)
-        return self.head(h)
+        h = self._embed(self.tgt_embed, tgt_in, start, name="tgt_in", check_ids=check_ids)
+        return self.head(self.decoder(h, memory, self.source_mask(src), cache=cache))
 
     def make_cache(self, batch: int, max_len: int) -> list:
         return self.decoder.make_cache(batch, max_len)
@@ -298,10 +371,14 @@ class TransformerLM(nn.Module):
         super().__init__()
         if positional not in self.POSITIONAL:
             raise ValueError(f"positional must be one of {self.POSITIONAL}, got {positional!r}")
-        check_positive_int("vocab", vocab)
+        self.vocab = check_positive_int("vocab", vocab)
         check_positive_int("n_layers", n_layers)
+        check_positive_int("max_len", max_len)
+        check_real("rope_base", rope_base, low=0.0, low_open=True)
+        check_positive_int("relative_max_distance", relative_max_distance)
+        check_bool("tie_weights", tie_weights)
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        d_ff = d_ff or ffn_hidden_size(d_model, multiple_of=16)
+        d_ff = ffn_hidden_size(d_model, multiple_of=16) if d_ff is None else check_positive_int("d_ff", d_ff)
         self.positional, self.max_len = positional, max_len
         self.embed = nn.Embedding(vocab, d_model)
         if positional == "sinusoidal":
@@ -330,7 +407,12 @@ class TransformerLM(nn.Module):
         return [block.attn.make_cache(batch, max_len) for block in self.blocks]
 
     def forward(self, ids: torch.Tensor, cache: list[KVCache] | None = None) -> torch.Tensor:
-        check_tensor("ids", ids, rank=2)
+        check_token_ids("ids", ids, self.vocab, rank=2)
+        return self._forward(ids, cache)
+
+    def _forward(self, ids: torch.Tensor, cache: list[KVCache] | None) -> torch.Tensor:
+        """`forward` without the check of the ids' values (`generate` checks its prompt once)."""
+        _check_cache(cache, len(self.blocks))
         start = cache[0].length if cache is not None else 0
         x = self.embed(ids)
         if self.positional in ("sinusoidal", "learned"):
@@ -349,28 +431,37 @@ class TransformerLM(nn.Module):
 
 # ----------------------------------------------------------------------------- training helpers
 def embed_onehot(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Embedding as a matrix product: ``one_hot(ids) @ weight`` (what ``nn.Embedding`` computes by lookup)."""
+    """Embedding as a matrix product: ``one_hot(ids) @ weight`` (what ``nn.Embedding`` computes by lookup).
+
+    ``ids (...)`` integer ids in ``[0, V)``, ``weight (V, d)`` → ``(..., d)``."""
+    check_tensor("weight", weight, rank=2, floating=True)
+    check_token_ids("ids", ids, weight.shape[0], vocab_name="weight.shape[0]")
     return F.one_hot(ids, weight.shape[0]).to(weight.dtype) @ weight
 
 
 def shift_right(y: torch.Tensor, bos_id: int) -> torch.Tensor:
     """Decoder input for teacher forcing: ``[bos, y_0, ..., y_{T-2}]`` for targets ``y (B, T)``."""
-    check_tensor("y", y, rank=2)
-    bos = torch.full_like(y[:, :1], bos_id)
+    check_token_ids("y", y, None, rank=2)
+    bos = torch.full_like(y[:, :1], check_int("bos_id", bos_id, low=0))
     return torch.cat([bos, y[:, :-1]], dim=1)
 
 
 def teacher_forcing_loss(model: EncoderDecoder, src: torch.Tensor, tgt: torch.Tensor, bos_id: int,
                          ignore_index: int | None = None) -> torch.Tensor:
-    """Mean cross-entropy of predicting every target position in one causal pass on gold prefixes."""
+    """Mean cross-entropy of predicting every target position in one causal pass on gold prefixes.
+
+    ``src (B, S)``, ``tgt (B, T)`` ids of ``model``'s vocabulary (``tgt`` is also the decoder's input,
+    shifted); target positions equal to ``ignore_index`` (e.g. padding) are not scored."""
+    check_instance("model", model, EncoderDecoder)
+    ignore_index = -100 if ignore_index is None else check_int("ignore_index", ignore_index)
+    check_token_ids("tgt", tgt, model.vocab, rank=2)
+    check_int("bos_id", bos_id, low=0, high=model.vocab - 1)
     logits = model(src, shift_right(tgt, bos_id))
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
-                           ignore_index=-100 if ignore_index is None else ignore_index)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=ignore_index)
 
 
 def _next_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    """Greedy at ``temperature == 0``, else a draw from ``softmax(logits / temperature)`` (checked by the caller)."""
     if temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
@@ -383,19 +474,35 @@ def generate(model: TransformerLM, prompt: torch.Tensor, max_new_tokens: int, te
     """Extend ``prompt (B, P)`` by ``max_new_tokens`` tokens: greedy at ``temperature=0``, else sampled.
 
     With ``use_cache`` the prompt is prefilled once and each step feeds one token; without it,
-    every step recomputes the whole sequence. Both give the same tokens. Returns ``(B, P + new)``.
+    every step recomputes the whole sequence. Both give the same tokens. Returns ``(B, P + new)``
+    (``(0, P + new)`` for an empty batch). ``P >= 1``: the first new token needs a context.
     """
-    check_tensor("prompt", prompt, rank=2)
+    check_instance("model", model, TransformerLM)
+    check_token_ids("prompt", prompt, model.vocab, rank=2)        # once: generated ids are in range
+    if prompt.shape[1] == 0:
+        raise ValueError(f"prompt must hold at least one token per row, got shape {tuple(prompt.shape)}")
     check_positive_int("max_new_tokens", max_new_tokens)
+    temperature = check_real("temperature", temperature, low=0.0)
+    use_cache = check_bool("use_cache", use_cache)
+    if prompt.shape[0] == 0:
+        return prompt.new_empty(0, prompt.shape[1] + max_new_tokens)
     ids = prompt
     cache = model.make_cache(prompt.shape[0], prompt.shape[1] + max_new_tokens) if use_cache else None
     step_input = prompt
     for _ in range(max_new_tokens):
-        logits = model(step_input, cache=cache) if use_cache else model(ids)
+        logits = model._forward(step_input, cache) if use_cache else model._forward(ids, None)
         nxt = _next_token(logits[:, -1], temperature, generator)
         ids = torch.cat([ids, nxt[:, None]], dim=1)
         step_input = nxt[:, None]
     return ids
+
+
+def _check_seq2seq(model, src, bos_id: int, max_len: int) -> None:
+    """The arguments every `EncoderDecoder` decoder shares."""
+    check_instance("model", model, EncoderDecoder)
+    check_token_ids("src", src, model.vocab, rank=2)
+    check_int("bos_id", bos_id, low=0, high=model.vocab - 1)
+    check_positive_int("max_len", max_len)
 
 
 @torch.no_grad()
@@ -405,19 +512,21 @@ def sample_decode(model: EncoderDecoder, src: torch.Tensor, bos_id: int, max_len
     """Decode an `EncoderDecoder` token by token, drawing each from ``softmax(logits / temperature)`` (M1.19).
 
     ``temperature=0`` takes the argmax (greedy decoding). ``src (B, S)`` → ``(B, max_len)`` tokens
-    (BOS not included). With ``use_cache`` each step feeds one token through the decoder's KV cache;
-    without it, every step recomputes the whole prefix. Both give the same tokens.
+    (BOS not included; ``(0, max_len)`` for an empty batch). With ``use_cache`` each step feeds one
+    token through the decoder's KV cache; without it, every step recomputes the whole prefix. Both
+    give the same tokens.
     """
-    check_tensor("src", src, rank=2)
-    check_positive_int("max_len", max_len)
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    _check_seq2seq(model, src, bos_id, max_len)
+    temperature = check_real("temperature", temperature, low=0.0)
+    use_cache = check_bool("use_cache", use_cache)
+    if src.shape[0] == 0:
+        return src.new_empty(0, max_len)
     memory = model.encode(src)
     out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
     cache = model.make_cache(src.shape[0], max_len) if use_cache else None
     for _ in range(max_len):
         step_in = out[:, -1:] if use_cache else out
-        logits = model.decode(step_in, memory, src, cache=cache)
+        logits = model._decode(step_in, memory, src, cache, check_ids=False)
         out = torch.cat([out, _next_token(logits[:, -1], temperature, generator)[:, None]], dim=1)
     return out[:, 1:]
 
@@ -443,17 +552,18 @@ def beam_search(model: EncoderDecoder, src: torch.Tensor, bos_id: int, max_len: 
     keeps its score and is padded with ``eos_id``). Returns ``(tokens, log_prob)``.
     ``beam_size=1`` is greedy decoding.
     """
-    check_tensor("src", src, rank=2)
+    _check_seq2seq(model, src, bos_id, max_len)
     if src.shape[0] != 1:
         raise ValueError(f"beam_search decodes one source at a time, got src of shape {tuple(src.shape)}")
     check_positive_int("beam_size", beam_size)
-    check_positive_int("max_len", max_len)
+    if eos_id is not None:
+        eos_id = check_int("eos_id", eos_id, low=0, high=model.vocab - 1)
     memory = model.encode(src)
     beams = torch.full((1, 1), bos_id, dtype=torch.long, device=src.device)
     scores = torch.zeros(1, device=src.device, dtype=torch.float64)
     for _ in range(max_len):
         n = beams.shape[0]
-        logits = model.decode(beams, memory.expand(n, -1, -1), src.expand(n, -1))[:, -1]
+        logits = model._decode(beams, memory.expand(n, -1, -1), src.expand(n, -1), None, check_ids=False)[:, -1]
         logp = torch.log_softmax(logits.double(), dim=-1)                       # (n, V)
         if eos_id is not None:
             done = beams[:, -1] == eos_id
@@ -471,6 +581,7 @@ def beam_search(model: EncoderDecoder, src: torch.Tensor, bos_id: int, max_len: 
 
 def count_params(module: nn.Module, by: str | None = None) -> int | dict[str, int]:
     """Number of parameters; ``by="submodule"`` gives a dict per direct child."""
+    check_instance("module", module, nn.Module)
     if by is None:
         return sum(p.numel() for p in module.parameters())
     if by != "submodule":
@@ -493,16 +604,16 @@ class EncoderStackLM(nn.Module):
     def __init__(self, vocab: int, d_model: int, n_heads: int, d_ff: int, n_layers: int, *,
                  norm_first: bool = False, causal: bool = True, max_len: int = 512):
         super().__init__()
-        check_positive_int("vocab", vocab)
+        self.vocab = check_positive_int("vocab", vocab)
         check_positive_int("max_len", max_len)
-        self.d_model, self.causal = d_model, causal
+        self.d_model, self.causal = check_positive_int("d_model", d_model), check_bool("causal", causal)
         self.embed = nn.Embedding(vocab, d_model)
         self.register_buffer("pos", sinusoidal_encoding(max_len, d_model), persistent=False)
         self.encoder = Encoder(d_model, n_heads, d_ff, n_layers, norm_first=norm_first)
         self.head = nn.Linear(d_model, vocab)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        check_tensor("ids", ids, rank=2)
+        check_token_ids("ids", ids, self.vocab, rank=2)
         length = ids.shape[1]
         if length > self.pos.shape[0]:
             raise ValueError(f"ids of shape {tuple(ids.shape)} are longer than max_len={self.pos.shape[0]}")
@@ -516,8 +627,9 @@ def sequence_log_prob(model: EncoderDecoder, src: torch.Tensor, tgt: torch.Tenso
 
     One teacher-forced pass; the log-softmax runs in fp64, as in `beam_search`, so its scores compare.
     """
+    check_instance("model", model, EncoderDecoder)
     check_tensor("src", src, rank=2)
-    check_tensor("tgt", tgt, rank=2)
+    check_token_ids("tgt", tgt, model.vocab, rank=2)
     if src.shape[0] != tgt.shape[0]:
         raise ValueError(f"src and tgt must have the same batch size, got {tuple(src.shape)} and {tuple(tgt.shape)}")
     with torch.no_grad():
@@ -532,6 +644,7 @@ def attention_weights(model: nn.Module, *inputs, **kwargs) -> dict[str, torch.Te
     Keys are module names (e.g. ``"decoder.layers.0.cross_attn"``), in call order. The weights come
     from the explicit formula (``keep_weights``); each module's ``keep_weights`` flag is restored after.
     """
+    check_instance("model", model, nn.Module)
     mhas = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
     if not mhas:
         raise ValueError(f"{type(model).__name__} contains no MultiHeadAttention module")

@@ -24,6 +24,11 @@ __all__ = [
     "show_source",
     "check_tensor",
     "check_positive_int",
+    "check_int",
+    "check_real",
+    "check_bool",
+    "check_token_ids",
+    "check_instance",
     "check_same_dtype",
     "check_qkv",
     "resolve_scale",
@@ -51,7 +56,10 @@ def pick_device(prefer: str | None = None) -> torch.device:
 
 
 def seed_everything(seed: int = 0) -> torch.Generator:
-    """Seed Python, NumPy and torch (all devices); returns a CPU ``torch.Generator`` with that seed."""
+    """Seed Python, NumPy and torch (all devices); returns a CPU ``torch.Generator`` with that seed.
+
+    ``seed`` is a non-negative int (a NumPy integer too)."""
+    seed = check_int("seed", seed, low=0)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -68,10 +76,13 @@ class SizePreset:
     name: str
     scale: int
 
+    def __post_init__(self):
+        check_positive_int("scale", self.scale)
+
     def n(self, base: int, multiple: int = 1) -> int:
         """``base * scale``, rounded down to a multiple of ``multiple`` (at least ``multiple``)."""
-        value = max(multiple, (base * self.scale) // multiple * multiple)
-        return int(value)
+        base, multiple = check_positive_int("base", base), check_positive_int("multiple", multiple)
+        return max(multiple, (base * int(self.scale)) // multiple * multiple)
 
 
 def size_preset(device: torch.device | str | None = None) -> SizePreset:
@@ -105,6 +116,9 @@ def show_source(obj) -> None:
 
 
 # ----------------------------------------------------------------------------- argument checks
+# The library's one set of validators (the error contract in CONTRIBUTING.md): each raises
+# ``TypeError`` for a value of the wrong type and ``ValueError`` for a value out of range, with a
+# message that names the public argument and shows the value or shape it got.
 def check_tensor(name: str, x, *, min_rank: int = 0, rank: int | None = None, floating: bool = False) -> None:
     """Raise ``TypeError``/``ValueError`` naming ``name`` unless ``x`` is a tensor of the asked rank/kind."""
     if not isinstance(x, torch.Tensor):
@@ -117,13 +131,77 @@ def check_tensor(name: str, x, *, min_rank: int = 0, rank: int | None = None, fl
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
 
 
+def check_int(name: str, value, *, low: int | None = None, high: int | None = None) -> int:
+    """Return ``value`` as an ``int`` if it is an integer (Python or NumPy, never a bool) in
+    ``[low, high]`` (either bound may be None); otherwise raise naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else (f"<= {high}" if low is None else f"in [{low}, {high}]")
+        raise ValueError(f"{name} must be an int {bounds}, got {value}")
+    return int(value)
+
+
 def check_positive_int(name: str, value) -> int:
     """Return ``value`` if it is a positive ``int``; otherwise raise naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be a positive int, got {value!r}")
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
     return int(value)
+
+
+def check_real(name: str, value, *, low: float | None = None, high: float | None = None,
+               low_open: bool = False, high_open: bool = False) -> float:
+    """Return ``value`` as a ``float`` if it is a finite real number (Python, NumPy or a one-element
+    tensor; never a bool) in the interval from ``low`` to ``high`` (None: unbounded; ``*_open``
+    excludes the bound). NaN and infinities fail, whatever the bounds."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not (value.is_complex() or value.dtype == torch.bool):
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
+    value = float(value)
+    inside = math.isfinite(value)
+    inside = inside and (low is None or (value > low if low_open else value >= low))
+    inside = inside and (high is None or (value < high if high_open else value <= high))
+    if not inside:
+        left = "(-inf" if low is None else ("(" if low_open else "[") + f"{low:g}"
+        right = "inf)" if high is None else f"{high:g}" + (")" if high_open else "]")
+        raise ValueError(f"{name} must be in {left}, {right} (a finite number), got {value!r}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    """Return ``value`` if it is a bool (Python or NumPy); otherwise raise ``TypeError`` naming ``name``
+    (a string or a number is not taken as a truth value)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r} of type {type(value).__name__}")
+    return bool(value)
+
+
+def check_token_ids(name: str, ids, vocab: int | None, *, rank: int | None = None, vocab_name: str = "vocab",
+                    ignore_index: int | None = None) -> None:
+    """``ids`` must be an integer tensor (of ``rank`` dims, when given) whose values lie in
+    ``[0, vocab)`` (``vocab=None``: only ``>= 0``), except those equal to ``ignore_index``. One
+    ``aminmax`` and one host sync per call: check a whole prompt or batch once, never token by token
+    inside a decoding loop."""
+    check_tensor(name, ids, rank=rank)
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be integer token ids, got dtype {ids.dtype}")
+    kept = ids if ignore_index is None else ids[ids != ignore_index]
+    if kept.numel():
+        lo, hi = (int(t) for t in torch.aminmax(kept))
+        if lo < 0 or (vocab is not None and hi >= vocab):
+            valid = "non-negative" if vocab is None else f"in [0, {vocab_name}={vocab})"
+            ignored = "" if ignore_index is None else f" (or equal ignore_index={ignore_index})"
+            raise ValueError(f"{name} must be {valid}{ignored}, got ids in [{lo}, {hi}]")
+
+
+def check_instance(name: str, value, cls) -> None:
+    """Raise ``TypeError`` naming ``name`` unless ``value`` is an instance of ``cls`` (a class or a tuple)."""
+    if not isinstance(value, cls):
+        names = " or ".join(c.__name__ for c in (cls if isinstance(cls, tuple) else (cls,)))
+        raise TypeError(f"{name} must be an instance of {names}, got {type(value).__name__}")
 
 
 def check_same_dtype(**tensors: torch.Tensor) -> None:
@@ -162,6 +240,8 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, same_length:
 
 def resolve_scale(scale, d_k: int) -> float:
     """The score scale: ``1/sqrt(d_k)`` for ``None``, else ``scale``, a positive finite real number."""
+    if scale is None:
+        d_k = check_positive_int("d_k (the feature size of q and k)", d_k)
     scale = 1.0 / math.sqrt(d_k) if scale is None else scale
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")

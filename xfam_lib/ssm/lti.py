@@ -198,6 +198,8 @@ def ssm_convolve(u: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
     out = _out_dtype(u.dtype, K.dtype)
     work = _work_dtype(u.dtype, K.dtype)
     u, K = u.to(work), K.to(work)
+    if u.numel() == 0 or K.numel() == 0:     # an empty batch: FFT backends reject it; the (empty) direct sum
+        return (u[..., :, None] * K[..., None, :]).sum(-1).to(out)
     n = 2 * length
     if work.is_complex:
         y = torch.fft.ifft(torch.fft.fft(u, n=n) * torch.fft.fft(K, n=n), n=n)
