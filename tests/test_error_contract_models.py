@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from xfam_lib import ablations, adaptive, arena, hsoftmax, memory, rl, tasks, testing, text, train, utils
 from xfam_lib import transformer as T
 from xfam_lib.positional import XLRelativeAttention
+from xfam_lib.ssm import selective_scan
 
 NAN = float("nan")
 torch.manual_seed(0)
@@ -28,6 +29,7 @@ MEX = adaptive.MultiExitModel(VOCAB, 16, 2, 32, 2)
 DT = rl.DecisionTransformer(3, 2, d_model=16)
 GPT = text.CharGPT(VOCAB, 16, 1, 2, 8)
 XL = memory.TransformerXL(VOCAB, 16, 1, 2, 32, 4)
+ARENA = arena.ArenaLM("softmax", VOCAB, 16, 1)
 CORPUS = text.CharCorpus("ab" * 20, "ab", torch.tensor([0, 1] * 18), torch.tensor([0, 1] * 2))
 
 
@@ -87,7 +89,8 @@ BAD = [
     ("TransformerLM(max_len=0)", lambda: T.TransformerLM(VOCAB, 16, 1, 2, positional="learned", max_len=0),
      ValueError, "max_len must be positive, got 0"),
     ("TransformerLM(rope_base=0)", lambda: T.TransformerLM(VOCAB, 16, 1, 2, rope_base=0), ValueError, "rope_base"),
-    ("ffn_hidden_size(dim=64.5)", lambda: T.ffn_hidden_size(64.5, 16), TypeError, "dim must be a positive int, got 64.5"),
+    ("ffn_hidden_size(dim=64.5)", lambda: T.ffn_hidden_size(64.5, 16),
+     TypeError, "dim must be a positive int, got 64.5"),
     ("ffn_hidden_size, multiplier -1", lambda: T.ffn_hidden_size(64, 16, -1), ValueError, "ffn_dim_multiplier"),
     ("ffn_hidden_size(multiple_of=0)", lambda: T.ffn_hidden_size(64, 0), ValueError, "multiple_of must be positive"),
     ("act_halting, p = 2", lambda: adaptive.act_halting(lambda s, n: (s, torch.full(s.shape[:-1], 2.0)),
@@ -103,7 +106,8 @@ BAD = [
     ("TransformerLM, float ids", lambda: LM(ids().float()), TypeError, "ids must be integer token ids"),
     ("TransformerLM, ids >= vocab", lambda: LM(ids() + VOCAB), ValueError, f"ids must be in [0, vocab={VOCAB})"),
     ("TransformerLM, ids < 0", lambda: LM(ids() - VOCAB), ValueError, f"ids must be in [0, vocab={VOCAB})"),
-    ("EncoderDecoder, src >= vocab", lambda: ED(ids() + VOCAB, ids()), ValueError, f"src must be in [0, vocab={VOCAB})"),
+    ("EncoderDecoder, src >= vocab", lambda: ED(ids() + VOCAB, ids()),
+     ValueError, f"src must be in [0, vocab={VOCAB})"),
     ("EncoderDecoder, tgt_in >= vocab", lambda: ED(ids(), ids() + VOCAB), ValueError, "tgt_in must be in"),
     ("EncoderStackLM, ids >= vocab", lambda: T.EncoderStackLM(VOCAB, 16, 2, 32, 1)(ids() + VOCAB),
      ValueError, "ids must be in"),
@@ -117,7 +121,8 @@ BAD = [
      ValueError, "ids must be in"),
     ("generate, prompt >= vocab", lambda: T.generate(LM, ids() + VOCAB, 2), ValueError, "prompt must be in"),
     ("generate, empty prompt", lambda: T.generate(LM, ids(2, 0), 2), ValueError, "prompt must hold at least one"),
-    ("beam_search, eos_id=99", lambda: T.beam_search(ED, ids(1), 1, 3, eos_id=99), ValueError, "eos_id must be an int in"),
+    ("beam_search, eos_id=99", lambda: T.beam_search(ED, ids(1), 1, 3, eos_id=99),
+     ValueError, "eos_id must be an int in"),
     ("greedy_decode, bos_id >= vocab", lambda: T.greedy_decode(ED, ids(), VOCAB, 3), ValueError, "bos_id"),
     ("teacher_forcing_loss, tgt >= vocab", lambda: T.teacher_forcing_loss(ED, ids(), ids() + VOCAB, 1),
      ValueError, "tgt must be in"),
@@ -135,29 +140,41 @@ BAD = [
      ValueError, "word must be an int in [0, 2]"),
     # None and the wrong class reach attribute access no more
     ("exact_knn(None)", lambda: memory.exact_knn(None, torch.randn(4, 2), 1), TypeError, "q must be a torch.Tensor"),
-    ("cross_entropy(None)", lambda: train.cross_entropy(None, torch.tensor([0])), TypeError, "logits must be a torch"),
+    ("ssm.selective_scan(u=None)", lambda: selective_scan(None, torch.rand(1, 4, 10), -torch.rand(4, 3),
+                                                           torch.randn(1, 3, 10), torch.randn(1, 3, 10)),
+     TypeError, "u must be a torch.Tensor"),
+    ("cross_entropy(None)", lambda: train.cross_entropy(None, torch.tensor([0])),
+     TypeError, "logits must be a torch"),
     ("ArenaLM(None)", lambda: arena.ArenaLM("softmax", 8)(None), TypeError, "ids must be a torch.Tensor"),
     ("teacher_forcing_loss, a TransformerLM", lambda: T.teacher_forcing_loss(LM, ids(), ids(), 1),
      TypeError, "model must be an instance of EncoderDecoder, got TransformerLM"),
-    ("greedy_decode, a TransformerLM", lambda: T.greedy_decode(LM, ids(), 1, 3), TypeError, "model must be an instance"),
-    ("generate, an EncoderDecoder", lambda: T.generate(ED, ids(), 3), TypeError, "model must be an instance of TransformerLM"),
-    ("decode_state_bytes, a TransformerLM", lambda: arena.decode_state_bytes(LM, 4), TypeError, "model must be an instance of ArenaLM"),
+    ("greedy_decode, a TransformerLM", lambda: T.greedy_decode(LM, ids(), 1, 3),
+     TypeError, "model must be an instance"),
+    ("generate, an EncoderDecoder", lambda: T.generate(ED, ids(), 3),
+     TypeError, "model must be an instance of TransformerLM"),
+    ("decode_state_bytes, a TransformerLM", lambda: arena.decode_state_bytes(LM, 4),
+     TypeError, "model must be an instance of ArenaLM"),
     ("mixer_step, a Linear", lambda: arena.mixer_step(torch.nn.Linear(2, 2), torch.randn(1, 2), None),
      TypeError, "mixer must be one of an ArenaLM's mixers"),
-    ("gpt2_init, a Linear", lambda: text.gpt2_init(torch.nn.Linear(2, 2)), TypeError, "model must be an instance of CharGPT"),
+    ("gpt2_init, a Linear", lambda: text.gpt2_init(torch.nn.Linear(2, 2)),
+     TypeError, "model must be an instance of CharGPT"),
     ("rollout, a TransformerLM", lambda: rl.rollout(LM, rl.ChainMDP(), 3.0), TypeError, "model must be an instance"),
-    ("stream_logits, a TransformerLM", lambda: ablations.stream_logits(LM, ids(), 2), TypeError, "model must be an instance"),
+    ("stream_logits, a TransformerLM", lambda: ablations.stream_logits(LM, ids(), 2),
+     TypeError, "model must be an instance"),
     ("copy_from_torch_layer, a Linear", lambda: testing.copy_from_torch_layer(T.EncoderLayer(8, 2, 16),
                                                                              torch.nn.Linear(2, 2)),
      TypeError, "theirs must be an instance"),
     # caches shorter than the layers
     ("Decoder, cache of 0 layers", lambda: ED.decode(ids(), ED.encode(ids()), ids(), cache=[]),
      ValueError, "cache must hold one entry per layer (1"),
-    ("TransformerLM, cache of 0 layers", lambda: LM(ids(), cache=[]), ValueError, "cache must hold one entry per layer"),
-    ("TransformerXL, mems of 2 layers", lambda: XL(ids(), [None, None]), ValueError, "mems must hold one memory per layer"),
+    ("TransformerLM, cache of 0 layers", lambda: LM(ids(), cache=[]),
+     ValueError, "cache must hold one entry per layer"),
+    ("TransformerXL, mems of 2 layers", lambda: XL(ids(), [None, None]),
+     ValueError, "mems must hold one memory per layer"),
     # other argument checks
     ("accuracy, a list", lambda: tasks.accuracy([1, 2], torch.zeros(1, 2)), TypeError, "pred must be a torch.Tensor"),
-    ("offset_copy, offset 0", lambda: tasks.offset_copy(2, 5, 8, offsets=(0,)), ValueError, "offsets must be distinct"),
+    ("offset_copy, offset 0", lambda: tasks.offset_copy(2, 5, 8, offsets=(0,)),
+     ValueError, "offsets must be distinct"),
     ("noam_lr(step=0)", lambda: train.noam_lr(0, 64, 10), ValueError, "step must be an int >= 1, got 0"),
     ("seed_everything(-1)", lambda: utils.seed_everything(-1), ValueError, "seed must be an int >= 0, got -1"),
     ("seed_everything(1.5)", lambda: utils.seed_everything(1.5), TypeError, "seed must be an int, got 1.5"),
@@ -169,6 +186,37 @@ BAD = [
     ("check_causal, position=1.5", lambda: testing.check_causal(lambda x: x, torch.randn(4, 2), position=1.5),
      TypeError, "position must be an int"),
     ("mc_variance, std=-1", lambda: testing.mc_variance(4, std=-1.0), ValueError, "std must be in [0, inf)"),
+    ("knn_augmented_attention, topk=0", lambda: memory.knn_augmented_attention(
+        *(torch.randn(1, 2, 4, 8) for _ in range(3)), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), 0,
+        torch.zeros(2)), ValueError, "topk must be positive, got 0"),
+    ("SpalmGate, h of another width", lambda: memory.SpalmGate(8)(torch.randn(2, 4), torch.randn(2, 3, 4)),
+     ValueError, "h must be (..., d_model=8)"),
+    ("GRUGate, y=None", lambda: rl.GRUGate(4)(torch.randn(2, 4), None), TypeError, "y must be a torch.Tensor"),
+    ("multi_exit_loss, NaN weight", lambda: adaptive.multi_exit_loss(torch.randn(2, 3, 4), torch.tensor([0, 1, 2]),
+                                                                     [1.0, NAN]), ValueError, "weights must be finite"),
+    ("sample_text, prompt outside the vocabulary", lambda: text.sample_text(GPT, CORPUS, "abz", 2),
+     ValueError, "prompt contains characters outside"),
+    ("cyclic_permutation, seed=0.5", lambda: tasks.cyclic_permutation(4, seed=0.5), TypeError, "seed must be an int"),
+    ("train_arena, lr=nan", lambda: arena.train_arena("softmax", lr=NAN), ValueError, "lr must be in (0, inf)"),
+    ("collect_offline_dataset, env of another class", lambda: rl.collect_offline_dataset(rl.TMaze(), 4),
+     TypeError, "env must be an instance of ChainMDP"),
+    ("tolerance_for, a float", lambda: testing.tolerance_for(torch.ones(1), 1.0),
+     TypeError, "tensors must be a torch"),
+    # a width mismatch is named before nn.Linear or nn.LayerNorm sees it
+    ("GTrXLBlock, x of another width", lambda: rl.GTrXLBlock(16, 2)(torch.randn(1, 3, 8)), ValueError,
+     "x must be (B, L, d_model=16), got shape (1, 3, 8)"),
+    ("LSTMPolicy, obs of another width", lambda: rl.LSTMPolicy(4, 2)(torch.randn(1, 3, 5)), ValueError,
+     "obs must be (B, T, obs_dim=4)"),
+    ("TransformerPolicy, obs of another width", lambda: rl.TransformerPolicy(4, 2)(torch.randn(1, 3, 5)), ValueError,
+     "obs must be (B, T, obs_dim=4)"),
+    ("ExitPredictor, states of another width", lambda: adaptive.ExitPredictor(16, 2, "token")(torch.randn(2, 1, 3, 8)),
+     ValueError, "states must be (N=2, B, L, d_model=16)"),
+    ("XLLayer, h of another width", lambda: memory.XLLayer(16, 2, 32)(torch.randn(1, 3, 8)), ValueError,
+     "h must be (B, L, d_model=16)"),
+    ("mixer_step, x_t of another width", lambda: arena.mixer_step(ARENA.mixers[0], torch.randn(1, 8), None),
+     ValueError, "x_t must be one token (B, d=16)"),
+    ("EncoderDecoder, batches differ", lambda: ED(ids(2), ids(3)),
+     ValueError, "src (B, S) and tgt_in (B, T) must share"),
     ("xl_attention, attn of another class", lambda: memory.xl_attention(torch.randn(1, 3, 16), None, torch.nn.Linear(2, 2)),
      TypeError, "attn must be an instance of XLRelativeAttention"),
 ]
@@ -362,6 +410,17 @@ def test_generate_and_decoders_check_the_ids_once_per_call(monkeypatch):
         counts.append(list(calls))
     assert counts[0] == counts[1], f"the checks grow with the number of tokens: {counts}"
     assert counts[0].count("prompt") == 1
+
+
+def test_generate_calls_the_model_so_its_hooks_fire():
+    """`generate` feeds every step through ``model(...)`` (chapter 1 times the steps with forward hooks)."""
+    seen = []
+    hook = LM.register_forward_pre_hook(lambda module, args: seen.append(tuple(args[0].shape)))
+    try:
+        T.generate(LM, ids(1, 3), 4)
+    finally:
+        hook.remove()
+    assert seen == [(1, 3), (1, 1), (1, 1), (1, 1)]
 
 
 # ----------------------------------------------------------------------------- property tests

@@ -332,6 +332,8 @@ def multi_exit_loss(exit_logits: torch.Tensor, targets: torch.Tensor, weights=No
     weights = torch.ones(n_exits) if weights is None else torch.as_tensor(weights, dtype=torch.float64)
     if weights.shape != (n_exits,):
         raise ValueError(f"weights must have one entry per exit ({n_exits}), got shape {tuple(weights.shape)}")
+    if not bool(weights.isfinite().all()):
+        raise ValueError(f"weights must be finite, got {weights.tolist()}")
     flat = exit_logits.reshape(n_exits, -1, exit_logits.shape[-1])
     losses = torch.stack([F.cross_entropy(flat[n], targets.reshape(-1)) for n in range(n_exits)])
     return (weights.to(losses) * losses).sum()
@@ -383,8 +385,9 @@ class ExitPredictor(nn.Module):
 
     def forward(self, states: torch.Tensor) -> torch.Tensor:
         check_tensor("states", states, rank=4, floating=True)
-        if states.shape[0] != self.n_layers:
-            raise ValueError(f"states must be (N={self.n_layers}, B, L, d), got {tuple(states.shape)}")
+        d_model = self.w.shape[1] if self.kind == "geometric" else self.proj.in_features
+        if states.shape[0] != self.n_layers or states.shape[-1] != d_model:
+            raise ValueError(f"states must be (N={self.n_layers}, B, L, d_model={d_model}), got {tuple(states.shape)}")
         if self.kind == "geometric":
             chi = torch.sigmoid(torch.einsum("nbld,nd->bln", states, self.w) + self.b)
             return geometric_exit_dist(chi)

@@ -317,6 +317,11 @@ def mixer_step(mixer: nn.Module, x_t: torch.Tensor, state):
     """
     if not isinstance(mixer, _MIXERS):
         raise TypeError(f"mixer must be one of an ArenaLM's mixers (model.mixers[i]), got {type(mixer).__name__}")
+    width = mixer.gru.input_size if isinstance(mixer, _GRUMixer) else (
+        mixer.d_model if isinstance(mixer, (MambaBlock, S4DLayer, H3Layer)) else mixer.qkv.in_features)
+    check_tensor("x_t", x_t, rank=2, floating=True)
+    if x_t.shape[1] != width:
+        raise ValueError(f"x_t must be one token (B, d={width}) for this mixer, got shape {tuple(x_t.shape)}")
     if isinstance(mixer, MambaBlock):
         return mixer.step(x_t, state)
     if isinstance(mixer, _GRUMixer):
@@ -433,6 +438,9 @@ def train_arena(family: str, task: str = "mqar", size: int = 8, *, vocab: int | 
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
+    batch, steps = check_positive_int("batch", batch), check_positive_int("steps", steps)
+    size, eval_batch = check_positive_int("size", size), check_positive_int("eval_batch", eval_batch)
+    lr = check_real("lr", lr, low=0.0, low_open=True)
     rank, world = _rank_and_world()
     if batch % world:
         raise ValueError(f"batch={batch} must be divisible by the number of processes ({world})")

@@ -118,6 +118,9 @@ class XLLayer(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None = None) -> torch.Tensor:
+        _check_states("h", h, self.attn.d_model)
+        if mem is not None:
+            _check_states("mem", mem, self.attn.d_model)
         mem = None if mem is None else self.norm1(mem)
         h = h + xl_attention(self.norm1(h), mem, self.attn)
         return h + self.ff(self.norm2(h))
@@ -498,6 +501,8 @@ class SpalmGate(nn.Module):
     def forward(self, h: torch.Tensor, mem: torch.Tensor) -> torch.Tensor:
         check_tensor("h", h, min_rank=1, floating=True)
         check_tensor("mem", mem, min_rank=2, floating=True)
+        if h.shape[-1] != self.w_g.in_features:
+            raise ValueError(f"h must be (..., d_model={self.w_g.in_features}), got shape {tuple(h.shape)}")
         if mem.shape[:-2] != h.shape[:-1] or mem.shape[-1] != h.shape[-1]:
             raise ValueError(f"mem must be (..., K, d) with h's leading dims: h {tuple(h.shape)}, mem {tuple(mem.shape)}")
         summary = torch.softmax((mem @ h.unsqueeze(-1)).squeeze(-1), dim=-1).unsqueeze(-2) @ mem
@@ -552,6 +557,7 @@ def knn_augmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
     ``q`` through the retrieved scores, never the memory. With an empty memory (None or ``M = 0``)
     the result is the local attention.
     """
+    topk = check_positive_int("topk", topk)
     local = scaled_dot_product_attention(q, k, v, causal=causal, scale=scale)
     if mem_k is None or mem_k.shape[-2] == 0:
         return local

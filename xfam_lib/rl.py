@@ -57,6 +57,9 @@ class GRUGate(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         check_tensor("x", x, min_rank=1, floating=True)
+        check_tensor("y", y, floating=True)
+        if x.shape[-1] != self.b_g.shape[0]:
+            raise ValueError(f"x must be (..., d={self.b_g.shape[0]}), got shape {tuple(x.shape)}")
         if y.shape != x.shape:
             raise ValueError(f"y must have x's shape {tuple(x.shape)}, got {tuple(y.shape)}")
         wr, wz, wg = self.W(y).chunk(3, dim=-1)
@@ -87,6 +90,7 @@ def layer_gradient_norms(blocks, x: torch.Tensor, weight: torch.Tensor) -> tuple
     if not blocks:
         raise ValueError("blocks must hold at least one block")
     check_tensor("x", x, rank=3, floating=True)
+    check_tensor("weight", weight, floating=True)
     if weight.shape != x.shape:
         raise ValueError(f"weight must have x's shape {tuple(x.shape)}, got {tuple(weight.shape)}")
     params = [[p for p in blk.parameters() if p.requires_grad] for blk in blocks]
@@ -151,6 +155,8 @@ class GTrXLBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None) -> torch.Tensor:
         check_tensor("x", x, rank=3, floating=True)
+        if x.shape[-1] != self.norm1.normalized_shape[0]:
+            raise ValueError(f"x must be (B, L, d_model={self.norm1.normalized_shape[0]}), got shape {tuple(x.shape)}")
         if memory is not None:
             check_tensor("memory", memory, rank=3, floating=True)
             if memory.shape[0] != x.shape[0] or memory.shape[-1] != x.shape[-1]:
@@ -397,6 +403,7 @@ def collect_offline_dataset(env: ChainMDP, n_episodes: int, *, p_open=(0.1, 0.3,
     The scripted policies read the state; their returns are about ``p * horizon``, so the largest
     ``p_open`` sets how close the data come to ``env.max_return``.
     """
+    check_instance("env", env, ChainMDP)
     n_episodes = check_positive_int("n_episodes", n_episodes)
     if not p_open or not all(0.0 <= p <= 1.0 for p in p_open):
         raise ValueError(f"p_open must be a non-empty sequence of probabilities, got {p_open!r}")
@@ -538,6 +545,8 @@ class LSTMPolicy(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_tensor("obs", obs, rank=3, floating=True)
+        if obs.shape[-1] != self.embed.in_features:
+            raise ValueError(f"obs must be (B, T, obs_dim={self.embed.in_features}), got shape {tuple(obs.shape)}")
         out = self.head(self.lstm(self.embed(obs))[0])
         return out[..., :self.n_actions], out[..., self.n_actions]
 
@@ -562,6 +571,8 @@ class TransformerPolicy(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_tensor("obs", obs, rank=3, floating=True)
+        if obs.shape[-1] != self.embed.in_features:
+            raise ValueError(f"obs must be (B, T, obs_dim={self.embed.in_features}), got shape {tuple(obs.shape)}")
         h = self.embed(obs)
         for block in self.blocks:
             h = block(h)
@@ -653,7 +664,11 @@ def train_reinforce(policy: nn.Module, make_env, *, updates: int = 100, batch: i
     policy plays ``eval_episodes`` held-out episodes. Returns ``{"mean_return": [per update],
     "eval_updates": [...], "eval_return": [...]}``.
     """
+    check_instance("policy", policy, nn.Module)
+    if not callable(make_env):
+        raise TypeError(f"make_env must be a callable that builds one environment, got {type(make_env).__name__}")
     updates, batch = check_positive_int("updates", updates), check_positive_int("batch", batch)
+    lr = check_real("lr", lr, low=0.0, low_open=True)
     envs = [make_env() for _ in range(batch)]
     eval_envs = [make_env() for _ in range(check_positive_int("eval_episodes", eval_episodes))]
     device = next(policy.parameters()).device
@@ -682,6 +697,9 @@ def match_parameters(build, sizes, target: int):
     ``sizes`` is sorted and the count grows with the size, so a bisection builds only a few models.
     Used to give policies of different kinds the same budget (an LSTM's width, a feed-forward width).
     """
+    if not callable(build):
+        raise TypeError(f"build must be a callable size -> model, got {type(build).__name__}")
+    target = check_positive_int("target", target)
     sizes = sorted(sizes)
     if not sizes:
         raise ValueError("sizes must hold at least one candidate")

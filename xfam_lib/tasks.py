@@ -221,7 +221,7 @@ class LaggedTopicLanguage:
         if topic_size > vocab:
             raise ValueError(f"topic_size={topic_size} exceeds vocab={vocab}")
         self.p_rule = check_real("p_rule", p_rule, low=0.0, high=1.0, high_open=True)
-        self.perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
+        self.perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(check_int("seed", seed, low=0)))
 
     def sample(self, batch: int, length: int, *, generator: torch.Generator | None = None,
                device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,7 +276,7 @@ def cyclic_permutation(n_items: int, *, seed: int = 0) -> torch.Tensor:
     different ``k`` give different answers.
     """
     check_positive_int("n_items", n_items)
-    order = torch.randperm(n_items, generator=torch.Generator().manual_seed(seed))
+    order = torch.randperm(n_items, generator=torch.Generator().manual_seed(check_int("seed", seed, low=0)))
     perm = torch.empty(n_items, dtype=torch.long)
     perm[order] = order.roll(-1)
     return perm
@@ -356,7 +356,7 @@ class ModeBigramLanguage:
         if vocab - n_modes < 2:
             raise ValueError(f"vocab={vocab} leaves fewer than 2 data tokens after n_modes={n_modes}")
         self.p_rule = check_real("p_rule", p_rule, low=0.0, high=1.0, high_open=True)
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator().manual_seed(check_int("seed", seed, low=0))
         self.perms = torch.stack([torch.randperm(vocab - n_modes, generator=gen) for _ in range(n_modes)]) + n_modes
 
     def sample(self, batch: int, length: int, *, generator: torch.Generator | None = None,

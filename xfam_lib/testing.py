@@ -54,6 +54,7 @@ def tolerance_for(*tensors: torch.Tensor) -> tuple[float, float]:
     """The (atol, rtol) of the least precise floating dtype among ``tensors`` ((0, 0) for integers: exact)."""
     worst = (0.0, 0.0)
     for t in tensors:
+        check_tensor("tensors", t)
         tol = DEFAULT_TOLERANCES.get(t.dtype, (0.0, 0.0))
         worst = max(worst, tol)
     return worst

@@ -243,6 +243,9 @@ def sample_text(model: CharGPT, corpus: CharCorpus, prompt: str, n_chars: int, *
     temperature = check_real("temperature", temperature, low=0.0, low_open=True)
     if not isinstance(prompt, str) or not prompt:
         raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
+    unknown = sorted(set(prompt) - set(corpus.vocab))
+    if unknown:
+        raise ValueError(f"prompt contains characters outside the corpus's vocabulary: {unknown}")
     device = next(model.parameters()).device
     ids = corpus.encode(prompt)[None].to(device)
     for _ in range(n_chars):

@@ -150,8 +150,8 @@ class EncoderLayer(nn.Module):
         super().__init__()
         check_real("dropout", dropout, low=0.0, high=1.0, high_open=True)
         self.norm_first = check_bool("norm_first", norm_first)
-        self.ff = FeedForward(d_model, d_ff, activation)
         self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.ff = FeedForward(d_model, d_ff, activation)
         self.norm1 = nn.LayerNorm(d_model, eps=check_real("eps", eps, low=0.0))
         self.norm2 = nn.LayerNorm(d_model, eps=eps)
         self.drop = nn.Dropout(dropout)
@@ -177,9 +177,9 @@ class DecoderLayer(nn.Module):
                  activation: str = "relu", eps: float = 1e-5):
         super().__init__()
         self.norm_first = check_bool("norm_first", norm_first)
-        self.ff = FeedForward(d_model, d_ff, activation)
         self.self_attn = MultiHeadAttention(d_model, n_heads)
         self.cross_attn = MultiHeadAttention(d_model, n_heads)
+        self.ff = FeedForward(d_model, d_ff, activation)
         self.norm1 = nn.LayerNorm(d_model, eps=check_real("eps", eps, low=0.0))
         self.norm2 = nn.LayerNorm(d_model, eps=eps)
         self.norm3 = nn.LayerNorm(d_model, eps=eps)
@@ -332,6 +332,11 @@ class EncoderDecoder(nn.Module):
         return self.decoder.make_cache(batch, max_len)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        check_tensor("src", src, rank=2)
+        check_tensor("tgt_in", tgt_in, rank=2)
+        if src.shape[0] != tgt_in.shape[0]:
+            raise ValueError(f"src (B, S) and tgt_in (B, T) must share the batch, got {tuple(src.shape)} and "
+                             f"{tuple(tgt_in.shape)}")
         return self.decode(tgt_in, self.encode(src), src)
 
 
@@ -406,12 +411,12 @@ class TransformerLM(nn.Module):
     def make_cache(self, batch: int, max_len: int) -> list[KVCache]:
         return [block.attn.make_cache(batch, max_len) for block in self.blocks]
 
-    def forward(self, ids: torch.Tensor, cache: list[KVCache] | None = None) -> torch.Tensor:
-        check_token_ids("ids", ids, self.vocab, rank=2)
-        return self._forward(ids, cache)
-
-    def _forward(self, ids: torch.Tensor, cache: list[KVCache] | None) -> torch.Tensor:
-        """`forward` without the check of the ids' values (`generate` checks its prompt once)."""
+    def forward(self, ids: torch.Tensor, cache: list[KVCache] | None = None, *,
+                _ids_checked: bool = False) -> torch.Tensor:
+        if _ids_checked:                    # `generate` checks its prompt once, not every token it feeds
+            check_tensor("ids", ids, rank=2)
+        else:
+            check_token_ids("ids", ids, self.vocab, rank=2)
         _check_cache(cache, len(self.blocks))
         start = cache[0].length if cache is not None else 0
         x = self.embed(ids)
@@ -490,7 +495,7 @@ def generate(model: TransformerLM, prompt: torch.Tensor, max_new_tokens: int, te
     cache = model.make_cache(prompt.shape[0], prompt.shape[1] + max_new_tokens) if use_cache else None
     step_input = prompt
     for _ in range(max_new_tokens):
-        logits = model._forward(step_input, cache) if use_cache else model._forward(ids, None)
+        logits = model(step_input, cache=cache, _ids_checked=True) if use_cache else model(ids, _ids_checked=True)
         nxt = _next_token(logits[:, -1], temperature, generator)
         ids = torch.cat([ids, nxt[:, None]], dim=1)
         step_input = nxt[:, None]

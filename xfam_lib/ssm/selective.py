@@ -104,7 +104,7 @@ def _blelloch(a0: torch.Tensor, b0: torch.Tensor) -> torch.Tensor:
 def _check_scan_inputs(u, delta, A, B, C, D, z, delta_bias):
     for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
                     ("delta_bias", delta_bias)):
-        if t is None:
+        if t is None and name in ("D", "z", "delta_bias"):             # the optional ones
             continue
         check_tensor(name, t)
         if t.is_complex():
