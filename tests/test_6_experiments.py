@@ -79,5 +79,5 @@ def test_ut_seq2seq_tied_vs_untied_differ_only_in_sharing_M6_1():
     assert a == b
     with pytest.raises(ValueError, match="task"):
         train_ut_seq2seq("sort", 2, tied=True)
-    with pytest.raises(ValueError, match="ids"):
+    with pytest.raises(TypeError, match="ids must be integer token ids"):     # float ids: a wrong type
         ut(torch.zeros(2, 7))
