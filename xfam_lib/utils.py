@@ -116,7 +116,7 @@ def show_source(obj) -> None:
 
 
 # ----------------------------------------------------------------------------- argument checks
-# The library's one set of validators (the error contract in CONTRIBUTING.md): each raises
+# The library's one set of validators (the error contract in the README): each raises
 # ``TypeError`` for a value of the wrong type and ``ValueError`` for a value out of range, with a
 # message that names the public argument and shows the value or shape it got.
 def check_tensor(name: str, x, *, min_rank: int = 0, rank: int | None = None, floating: bool = False) -> None:
