@@ -164,6 +164,8 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
         kernels.selective_scan(u, u, A, B, torch.randn(1, 3, 3, 6))
     with pytest.raises(TypeError, match="delta_softplus must be a bool"):
         kernels.selective_scan(u, u, A, B, B, delta_softplus=1)
+    with pytest.raises(TypeError, match="return_last_state must be a bool"):
+        kernels.selective_scan(u, u, A, B, B, return_last_state="yes")
     meta = torch.empty(1, 4, 6, device="meta")
     with pytest.raises(ValueError, match="got tensors on meta"):
         kernels.selective_scan(meta, meta, A.to("meta"), B.to("meta"), B.to("meta"))

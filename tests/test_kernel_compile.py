@@ -1,0 +1,77 @@
+"""The Triton kernels compiled ahead of time for a T4, an A100 and an H100, with no GPU and no
+driver (`xfam_lib.kernels._aot`): what a GPU would refuse at launch is known at compile time.
+
+This runs the cheap subset (`_aot.in_subset`: every kernel's worst case on a T4, the chunked
+kernels' tensor-core products on an A100 and an H100), cold, in a subprocess: this process
+runs the kernels in Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1``), where
+nothing can be compiled. ``make kernel-compile`` runs the full matrix (every GPU, dtype, head
+size and autotuning config) and the same checks (`_aot.problems`).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+if sys.platform != "linux":
+    pytest.skip("Triton is pinned and tested on Linux only", allow_module_level=True)
+
+from xfam_lib.kernels import _aot  # noqa: E402  (does not import Triton)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """The subset's compile results, from one run of ``python -m xfam_lib.kernels._aot``."""
+    folder = tmp_path_factory.mktemp("aot")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(folder / "cache")             # cold: a fresh cache per run
+    subprocess.run([sys.executable, "-m", "xfam_lib.kernels._aot", "--out",
+                    str(folder / "results.json")], env=env, capture_output=True, text=True,
+                   timeout=1800)
+    found = json.loads((folder / "results.json").read_text())["results"]
+    print(_aot.summary(found))                                   # spills, shown with -s
+    return found
+
+
+def test_the_subset_covers_every_kernel_on_a_t4(results):
+    kernels = {(r["family"], r["kernel"]) for r in results if r["gpu"] == "T4"}
+    assert len(kernels) == 4 + 5 + 5 + 2, sorted(kernels)
+
+
+def test_every_launch_compiles(results):
+    assert not [r for r in results if r["error"]], [r["error"] for r in results if r["error"]]
+
+
+def test_launched_configs_fit_the_gpu(results):
+    """Shared memory within the GPU's limit for every config the wrappers may launch (and
+    one at least for every kernel, GPU, dtype and size); registers within what a block may
+    hold; the flash prune's estimate never below the compiled size."""
+    assert _aot.problems(results) == []
+
+
+def test_tensor_cores_in_half_precision(results):
+    """bf16 products of the chunked kernels run on tensor cores: ``mma.sync`` on an A100,
+    ``mma`` or ``wgmma`` on an H100; Triton emits none on a T4 (sm_75)."""
+    half = [r for r in results if r["dtype"] == "bf16"]
+    assert half and all(r["mma"] or r["wgmma"] for r in half)
+    t4_half = [r for r in results if r["gpu"] == "T4" and r["dtype"] == "fp16"]
+    assert t4_half and not any(r["mma"] or r["wgmma"] for r in t4_half)
+
+
+def test_problems_name_what_a_gpu_would_refuse():
+    """The checks themselves, on made-up results: each violation is named."""
+    ok = {"family": "chunk_gla", "kernel": "_out_kernel", "gpu": "A100", "dtype": "bf16",
+          "size": 128, "constexprs": {}, "num_warps": 4, "num_stages": 2, "kept": True,
+          "estimate": None, "error": None, "shared": 1024, "registers": 128, "threads": 128,
+          "local": 0, "mma": True, "wgmma": False}
+    assert _aot.problems([ok]) == []
+    bad = [{**ok, "shared": 200_000}, {**ok, "kernel": "_state_kernel", "mma": False},
+           {**ok, "kernel": "_grad_v_kernel", "registers": 255, "threads": 512},
+           {**ok, "family": "flash_attention", "kernel": "_fwd_kernel", "estimate": 512},
+           {**ok, "kernel": "_d_state_kernel", "error": "OutOfResources"}]
+    found = _aot.problems(bad)
+    for needle in ("shared memory 200000 > 166912", "no tensor-core instruction",
+                   "registers 255 x 512", "estimate 512 < compiled 1024", "compile failed",
+                   "no kept config fits"):
+        assert any(needle in line for line in found), (needle, found)
