@@ -160,8 +160,10 @@ def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: t
     ``out (..., L, d_v)``, and ``(out, final_state (..., d_k, d_v))`` with
     ``return_final_state``: the results of `xfam_lib.linear.gated_linear_attention` with the
     gate broadcast over ``d_k``. ``scale=None`` means ``1/sqrt(d_k)``. fp16, bf16 and fp32,
-    head sizes up to 128; products run in fp32, ``out`` has the input dtype and the final
-    state is fp32. Differentiable in ``q, k, v, log_g`` and ``initial_state``.
+    head sizes up to 128; products take their operands in the input dtype (tensor cores for
+    fp16/bf16) and accumulate in fp32, gates and states stay fp32, ``out`` has the input
+    dtype and the final state is fp32. Differentiable in ``q, k, v, log_g`` and
+    ``initial_state``.
     """
     check_qkv(q, k, v, same_length=True)
     check_tensor("log_g", log_g, floating=True)
@@ -182,8 +184,10 @@ def chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Te
     ``out (..., L, d_v)``, and ``(out, final_state (..., d_k, d_v))`` with
     ``return_final_state``: the arguments and results of
     `xfam_lib.linear.gated_linear_attention`. ``scale=None`` means ``1/sqrt(d_k)``. fp16, bf16
-    and fp32, head sizes up to 128; products run in fp32, ``out`` has the input dtype and the
-    final state is fp32. Differentiable in ``q, k, v, log_g`` and ``initial_state``.
+    and fp32, head sizes up to 128; products take their operands in the input dtype (tensor
+    cores for fp16/bf16) and accumulate in fp32, gates and states stay fp32 (the cumulative
+    gates fp64), ``out`` has the input dtype and the final state is fp32. Differentiable in
+    ``q, k, v, log_g`` and ``initial_state``.
     """
     check_qkv(q, k, v, same_length=True)
     check_tensor("log_g", log_g, floating=True)

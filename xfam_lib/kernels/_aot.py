@@ -10,7 +10,7 @@ registers and local (spill) memory per thread (from the cubin, with Triton's ``c
 whether its PTX holds tensor-core instructions (``mma.sync``, ``wgmma``). `problems` lists what
 a GPU would refuse or what item the kernels promise and miss.
 
-    python -m xfam_lib.kernels._aot [--full] [--jobs N] [--out results.json]
+    python -m xfam_lib.kernels._aot [--full | --largest | --subset] [--jobs N] [--out FILE]
 
 Run it without ``TRITON_INTERPRET`` (the kernels must be built for compiling). Compiles go to
 ``TRITON_CACHE_DIR`` if set, else to a fresh temporary directory (a cold run).
@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import torch
 
@@ -132,37 +133,42 @@ def scan_launches(gpu: str, dtype: torch.dtype, n: int):
                      tuple(constexprs.items()), 4, 3, fp32)
 
 
-def launches(full: bool) -> list[Launch]:
-    """The launches to compile: with ``full`` every GPU, dtype and size (and every flash
-    config); else the subset `tests/test_kernel_compile.py` runs (`SUBSET`)."""
+def launches(full: bool = False, subset: bool = False, largest: bool = False) -> list[Launch]:
+    """The launches to compile: every GPU, dtype and size the wrappers serve, at the configs
+    they would launch (``full``: every flash config, kept or not); ``largest``: head size 128
+    and state size 256 only, in fp32 and one half dtype (bf16, or fp16 where bf16 is not
+    served); ``subset``: the cheap subset `in_subset`."""
     out = []
     for gpu in GPUS:
         for dtype in DTYPES:
             if dtype == torch.bfloat16 and GPUS[gpu][0] < 80:
                 continue                                   # the wrappers refuse bf16 there
-            for d in HEAD_SIZES:
+            if largest and dtype == torch.float16 and GPUS[gpu][0] >= 80:
+                continue
+            for d in HEAD_SIZES[-1:] if largest else HEAD_SIZES:
                 out += flash_launches(gpu, dtype, d, full)
                 out += chunked_launches("chunk_simple_gla", gpu, dtype, d)
                 out += chunked_launches("chunk_gla", gpu, dtype, d)
-            for n in STATE_SIZES:
+            for n in STATE_SIZES[-1:] if largest else STATE_SIZES:
                 out += scan_launches(gpu, dtype, n)
-    return out if full else [x for x in out if in_subset(x)]
+    return [x for x in out if in_subset(x)] if subset else out
 
 
 def in_subset(x: Launch) -> bool:
     """The cheap subset: on a T4 every kernel at its worst case (fp32, the largest size: the
-    most shared memory and registers, as Triton stages fp16 operands as fp32 there too); on an
-    A100 and an H100, the chunked kernels at bf16 and head size 128 (tensor cores) and the
-    flash kernels' kept configs there."""
+    most shared memory and registers, as Triton stages fp16 operands as fp32 there too; the
+    delta kernel of the flash backward in one config) and one fp16 product, to show it gets
+    no tensor core; on an A100 and an H100, the two heaviest kernels of each chunked family
+    in bf16 at head size 128 (their tensor cores)."""
     largest = x.size == (STATE_SIZES[-1] if x.family == "selective_scan" else HEAD_SIZES[-1])
-    if x.gpu == "T4":                   # and one fp16 product, to show it gets no tensor core
-        return ((largest and x.dtype == "fp32" and x.kept)
+    if x.gpu == "T4":
+        return ((largest and x.dtype == "fp32" and x.kept
+                 and (x.kernel != "_bwd_delta_kernel" or dict(x.constexprs)["BLOCK_M"] == 64))
                 or (x.dtype == "fp16" and x.size == 64 and x.kernel == "_out_kernel"
                     and x.family == "chunk_simple_gla"))
-    if x.gpu in ("A100", "H100"):
-        return (largest and x.dtype == "bf16" and x.kept
-                and x.family in ("chunk_simple_gla", "chunk_gla"))
-    return False
+    return (x.gpu in ("A100", "H100") and largest and x.dtype == "bf16"
+            and x.family in ("chunk_simple_gla", "chunk_gla")
+            and x.kernel in ("_out_kernel", "_grad_qk_kernel"))
 
 
 def _signature(fn, x: Launch) -> tuple[dict, dict]:
@@ -249,13 +255,12 @@ def problems(results: list[dict]) -> list[str]:
     return found
 
 
-def run(full: bool, jobs: int = 1) -> list[dict]:
-    """Compile `launches` (``jobs`` processes) and return their results."""
-    todo = launches(full)
+def run(todo: list[Launch], jobs: int = 1) -> list[dict]:
+    """Compile ``todo`` (in ``jobs`` processes) and return their results."""
     if jobs == 1:
         return [compile_one(x) for x in todo]
     with ProcessPoolExecutor(jobs) as pool:
-        return list(pool.map(compile_one, todo, chunksize=4))
+        return list(pool.map(compile_one, todo))
 
 
 def summary(results: list[dict]) -> str:
@@ -277,9 +282,87 @@ def summary(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+SAVED = "benchmarks/results/kernel_compile.json"    # written by make kernel-compile
+GPU_BENCH = "benchmarks/results/cuda/kernels.json"  # written by scripts/gpu/session.sh
+
+
+def _find(relative: str) -> Path | None:
+    """``relative`` under the current directory or the nearest parent that holds it."""
+    for base in (Path.cwd(), *Path.cwd().parents):
+        if (base / relative).exists():
+            return base / relative
+    return None
+
+
+def saved() -> dict | None:
+    """The saved compile results (`SAVED`), or ``None`` where the repository is not there."""
+    path = _find(SAVED)
+    return None if path is None else json.loads(path.read_text())
+
+
+def gpu_table(results: list[dict], families) -> dict[str, dict]:
+    """Per GPU, for the launches of ``families`` (names of the wrappers): ``launched``, the
+    compiles the wrappers would launch; ``sizes``, their head (or state) sizes; ``shared``,
+    the largest shared memory among them and ``limit`` the GPU's (bytes); ``tensor_cores``,
+    whether any fp16/bf16 compile holds tensor-core instructions (``None``: none compiled);
+    ``spills``, how many use local memory (spilled registers); ``problems``, how many
+    `problems` they have."""
+    table = {}
+    for gpu, (_, limit) in GPUS.items():
+        mine = [r for r in results if r["gpu"] == gpu and r["family"] in families and r["kept"]]
+        if not mine:
+            continue
+        half = [r for r in mine if r["dtype"] != "fp32" and not r["error"]]
+        table[gpu] = {"launched": len(mine), "sizes": sorted({r["size"] for r in mine}),
+                      "shared": max(r["shared"] for r in mine if not r["error"]),
+                      "limit": limit, "problems": len(problems(mine)),
+                      "spills": sum(bool(r.get("local")) for r in mine),
+                      "tensor_cores": any(r["mma"] or r["wgmma"] for r in half) if half else None}
+    return table
+
+
+def report(families) -> tuple[dict, str]:
+    """What a chapter says of the compiled kernels of ``families``, from the saved results:
+    values to glue (``"n/a"`` where the results are not here) and a table to print."""
+    data = saved()
+    values = dict.fromkeys(("triton", "launches", "problems", "spills", "sizes", "tc_gpus",
+                            "no_tc_gpus"), "n/a")
+    for gpu in GPUS:
+        values[f"{gpu.lower()}_kib"] = values[f"{gpu.lower()}_limit_kib"] = "n/a"
+    values["gpu_runs"] = ("one, in " + GPU_BENCH) if _find(GPU_BENCH) else "none yet"
+    if data is None:
+        return values, f"{SAVED} is not here: clone the repository to see the compile results"
+    table = gpu_table(data["results"], families)
+    lines = []
+    for gpu, row in table.items():
+        values[f"{gpu.lower()}_kib"] = round(row["shared"] / 1024)
+        values[f"{gpu.lower()}_limit_kib"] = row["limit"] // 1024
+        lines.append(f"{gpu:5} sm_{GPUS[gpu][0]}: {row['launched']:3} launches, largest shared "
+                     f"memory {row['shared'] / 1024:5.1f} of {row['limit'] / 1024:.0f} KiB, "
+                     f"tensor cores in fp16/bf16: {row['tensor_cores']}, "
+                     f"spilling: {row['spills']}, problems: {row['problems']}")
+    values.update(
+        triton=data["triton"], launches=sum(row["launched"] for row in table.values()),
+        problems=sum(row["problems"] for row in table.values()),
+        spills=sum(row["spills"] for row in table.values()),
+        sizes=", ".join(str(n) for n in sorted({n for row in table.values() for n in row["sizes"]})),
+        tc_gpus=", ".join(g for g, row in table.items() if row["tensor_cores"]) or "none",
+        no_tc_gpus=", ".join(g for g, row in table.items() if row["tensor_cores"] is False)
+        or "none")
+    return values, "\n".join(lines)
+
+
+def triton_version() -> str:
+    import triton
+    return triton.__version__
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--full", action="store_true", help="every GPU, dtype, size, config")
+    parser.add_argument("--full", action="store_true", help="every flash config, kept or not")
+    parser.add_argument("--largest", action="store_true",
+                        help="head size 128, N = 256, fp32 and one half dtype only")
+    parser.add_argument("--subset", action="store_true", help="the subset the tests compile")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -288,11 +371,12 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="xfam-aot-"))
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")       # Triton 3.9's default, said
     start = time.perf_counter()
-    results = run(args.full, args.jobs)
+    results = run(launches(args.full, args.subset, args.largest), args.jobs)
     found = problems(results)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"results": results, "problems": found}, f, indent=1)
+            json.dump({"triton": triton_version(), "seconds": round(time.perf_counter() - start),
+                   "results": results, "problems": found}, f, indent=1)
     print(summary(results))
     print(f"{len(results)} compiles in {time.perf_counter() - start:.0f} s; "
           f"{len(found)} problems")
