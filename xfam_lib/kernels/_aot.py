@@ -109,7 +109,7 @@ def chunked_launches(family: str, gpu: str, dtype: torch.dtype, d: int):
     """The five kernels of `chunk_simple_gla` (``_simple_gla``) or `chunk_gla` (``_gla``)."""
     name = "_simple_gla" if family == "chunk_simple_gla" else "_gla"
     module = _module(name)
-    settings = dict(module.launch_settings(dtype, d, d, (GPUS[gpu][0] // 10, GPUS[gpu][0] % 10)))
+    settings = dict(module.launch_settings(d, d))
     options = {"num_warps": settings.pop("num_warps"), "num_stages": settings.pop("num_stages")}
     if name == "_gla":
         settings["BLOCK_S"] = module.BLOCK_S

@@ -54,7 +54,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from ._mode import INTERPRETED, dot  # noqa: F401  (INTERPRETED: read by the wrappers)
-from ._simple_gla import _load, _store, device_capability
+from ._simple_gla import _load, _store
 from ._simple_gla import launch_settings as _simple_settings
 
 BLOCK_C = 64            # steps per chunk: the state is updated once per chunk
@@ -334,11 +334,10 @@ def chunk_cumsum(log_g: torch.Tensor) -> torch.Tensor:
     return g.view(batch, padded // BLOCK_C, BLOCK_C, d_k).cumsum(2).view(batch, padded, d_k)
 
 
-def launch_settings(dtype: torch.dtype, d_k: int, d_v: int,
-                    capability: tuple[int, int] | None) -> dict:
-    """Block sizes and launch options of every kernel here (`_simple_gla.launch_settings`
-    with this module's chunks, and key blocks of at most 32 for the diagonal's decays)."""
-    settings = _simple_settings(dtype, d_k, d_v, capability)
+def launch_settings(d_k: int, d_v: int) -> dict:
+    """Block sizes and launch options of every kernel here: `_simple_gla.launch_settings`
+    with this module's chunks, and key blocks of at most 32 for the diagonal's decays."""
+    settings = _simple_settings(d_k, d_v)
     return {**settings, "BLOCK_C": BLOCK_C, "BLOCK_K": min(32, settings["BLOCK_K"])}
 
 
@@ -372,7 +371,7 @@ class ChunkGLA(torch.autograd.Function):
         out = torch.empty_like(v)
         h_t = torch.empty_like(h0)
         if batch:
-            settings = launch_settings(q.dtype, d_k, d_v, device_capability(q))
+            settings = launch_settings(d_k, d_v)
             h, h_t = _states(k, v, b, h0, settings)
             grid = (triton.cdiv(d_v, settings["BLOCK_V"]), h.shape[1], batch)
             _out_kernel[grid](q, k, v, b, h, out, length, b.shape[1], h.shape[1], d_k, d_v,
@@ -390,7 +389,7 @@ class ChunkGLA(torch.autograd.Function):
         dq, dk = torch.empty_like(q, **f32), torch.empty_like(k, **f32)
         dv, dh0 = torch.empty_like(v, **f32), torch.empty_like(h0)
         if batch:
-            settings = launch_settings(q.dtype, d_k, d_v, device_capability(q))
+            settings = launch_settings(d_k, d_v)
             h, _ = _states(k, v, b, h0, settings)                 # recomputed, not saved
             d_out, dh = d_out.to(q.dtype).contiguous(), torch.empty_like(h)
             padded, n_chunks = b.shape[1], h.shape[1]

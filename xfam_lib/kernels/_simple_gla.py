@@ -210,26 +210,19 @@ def _grad_v_kernel(Q, K, G, DO, DH, DV, length, n_chunks, d_k, d_v, scale,
     _store(DV + b * length * d_v, dv, rows, vs, length, d_v)
 
 
-def launch_settings(dtype: torch.dtype, d_k: int, d_v: int,
-                    capability: tuple[int, int] | None) -> dict:
-    """Block sizes and launch options of every kernel here, for inputs of ``dtype`` and head
-    sizes ``d_k, d_v`` on a GPU of compute ``capability`` (``None``: the interpreter).
+def launch_settings(d_k: int, d_v: int) -> dict:
+    """Block sizes and launch options of every kernel here, for head sizes ``d_k, d_v``.
 
     The state and its tiles are ``(BLOCK_K, BLOCK_V)``: head sizes padded to a power of two (at
     least 16, for ``tl.dot``), at most 64 each, so that the largest head size (128) takes 2 x 2
-    tiles. One pipeline stage ahead (``num_stages=2``) on GPUs whose loads Triton pipelines
-    (sm_80 and newer); the shared memory this needs on each GPU is measured by
-    ``python -m xfam_lib.kernels._aot`` (tests/test_kernel_compile.py).
+    tiles. One load ahead (``num_stages=2``) where Triton pipelines loads (sm_80 and newer).
+    One setting serves every GPU and dtype: the shared memory and registers it needs on a T4,
+    an A100, an L4 and an H100 are measured by ``python -m xfam_lib.kernels._aot``
+    (tests/test_kernel_compile.py, ``make kernel-compile``).
     """
-    del dtype, capability                           # the same on every GPU measured
     return {"BLOCK_C": BLOCK_C, "BLOCK_K": min(64, max(16, triton.next_power_of_2(d_k))),
             "BLOCK_V": min(64, max(16, triton.next_power_of_2(d_v))),
             "num_warps": 4, "num_stages": 2}
-
-
-def device_capability(t: torch.Tensor) -> tuple[int, int] | None:
-    """The compute capability of ``t``'s CUDA device, ``None`` for a CPU tensor."""
-    return torch.cuda.get_device_capability(t.device) if t.is_cuda else None
 
 
 def _states(k, v, log_g, h0, settings):
@@ -260,7 +253,7 @@ class ChunkSimpleGLA(torch.autograd.Function):
         out = torch.empty_like(v)
         h_t = torch.empty_like(h0)
         if batch:
-            settings = launch_settings(q.dtype, d_k, d_v, device_capability(q))
+            settings = launch_settings(d_k, d_v)
             h, h_t = _states(k, v, log_g, h0, settings)
             grid = (triton.cdiv(d_v, settings["BLOCK_V"]), h.shape[1], batch)
             _out_kernel[grid](q, k, v, log_g, h, out, length, h.shape[1], d_k, d_v, scale,
@@ -278,7 +271,7 @@ class ChunkSimpleGLA(torch.autograd.Function):
         dq, dk = torch.empty_like(q, **f32), torch.empty_like(k, **f32)
         dv, dh0 = torch.empty_like(v, **f32), torch.empty_like(h0)
         if batch:
-            settings = launch_settings(q.dtype, d_k, d_v, device_capability(q))
+            settings = launch_settings(d_k, d_v)
             h, _ = _states(k, v, log_g, h0, settings)             # recomputed, not saved
             d_out, dh = d_out.to(q.dtype).contiguous(), torch.empty_like(h)
             n_chunks = h.shape[1]
