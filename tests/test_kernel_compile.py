@@ -1,8 +1,8 @@
-"""The Triton kernels compiled ahead of time for a T4, an A100 and an H100, with no GPU and no
+"""The Triton kernels compiled ahead of time for a T4 and an H100, with no GPU and no
 driver (`xfam_lib.kernels._aot`): what a GPU would refuse at launch is known at compile time.
 
 This runs the cheap subset (`_aot.in_subset`: every kernel's worst case on a T4, the chunked
-kernels' heaviest tensor-core products on an A100 and an H100), cold, in a subprocess: this process
+kernels' heaviest tensor-core products on an H100), cold, in a subprocess: this process
 runs the kernels in Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1``), where
 nothing can be compiled. ``make kernel-compile`` runs the full matrix (every GPU, dtype, head
 size and autotuning config) and the same checks (`_aot.problems`).
@@ -37,8 +37,8 @@ def test_kernels_compile_for_four_gpus(tmp_path):
     compiles; shared memory within the GPU's limit for every config the wrappers may launch
     (and one at least for every kernel, GPU, dtype and size), registers within what a block
     may hold, the flash prune's estimate never below the compiled size (`_aot.problems`);
-    bf16 products of the chunked kernels on tensor cores (``mma.sync`` on an A100, ``mma`` or
-    ``wgmma`` on an H100), none on a T4 (sm_75), where Triton emits no tensor-core code.
+    bf16 products of the chunked kernels on tensor cores (``mma`` or ``wgmma`` on an H100),
+    none on a T4 (sm_75), where Triton emits no tensor-core code.
     Spills are printed (``-s``), not asserted."""
     results = compile_subset(tmp_path)
     print(_aot.summary(results))

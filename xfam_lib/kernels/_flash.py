@@ -32,8 +32,8 @@ LOG2_E = 1 / math.log(2)
 # first call at a new key (lengths, head sizes, causal, dtypes) compiles and times each config
 # that fits and keeps the fastest. Triton's CPU interpreter runs programs with NumPy, where a
 # config's speed means nothing, so there each kernel runs the one fixed `INTERPRETER_CONFIG`.
-# Cost of a new key on a GPU (an estimate, not measured here): up to 9 configs for each tiled
-# kernel and 3 for delta, 30 compilations of a second or two each plus ~0.1 s of timing each,
+# Cost of a new key on a GPU (an estimate, not measured here): up to 10 configs for each tiled
+# kernel and 3 for delta, 33 compilations of a second or two each plus ~0.1 s of timing each,
 # so 30-90 s before the first forward+backward at a new shape. Compiled kernels stay in
 # Triton's disk cache: a later process at the same shape pays mostly the timing.
 AUTOTUNE = not INTERPRETED
