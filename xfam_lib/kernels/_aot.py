@@ -335,7 +335,7 @@ def report(families) -> tuple[dict, str]:
     table = gpu_table(data["results"], families)
     lines = []
     for gpu, row in table.items():
-        values[f"{gpu.lower()}_kib"] = round(row["shared"] / 1024)
+        values[f"{gpu.lower()}_kib"] = round(row["shared"] / 1024, 1)
         values[f"{gpu.lower()}_limit_kib"] = row["limit"] // 1024
         lines.append(f"{gpu:5} sm_{GPUS[gpu][0]}: {row['launched']:3} launches, largest shared "
                      f"memory {row['shared'] / 1024:5.1f} of {row['limit'] / 1024:.0f} KiB, "
