@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 TORCH_CPU_INDEX ?= $(if $(and $(filter Linux,$(shell uname -s)),$(if $(shell command -v nvidia-smi),,cpu)),https://download.pytorch.org/whl/cpu)
 TORCH_PIN := $(shell grep -E '^torch==' requirements.txt | cut -d' ' -f1)
 
-.PHONY: book test isa-matrix bench exercises grade lock clean
+.PHONY: book test isa-matrix bench kernel-compile exercises grade lock clean
 
 $(STAMP): requirements.txt requirements-grading.txt requirements-lock.txt requirements-nodeps.txt pyproject.toml exercises/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
@@ -42,6 +42,12 @@ isa-matrix: $(STAMP)
 ## make bench: the performance benchmarks (JSON results and plots in benchmarks/results/)
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+## make kernel-compile [JOBS=2]: compile every Triton kernel launch for a T4, A100, L4 and H100 ahead
+## of time (no GPU needed) and check shared memory, registers and tensor cores; results in
+## benchmarks/results/kernel_compile.json
+kernel-compile: $(STAMP)
+	env -u TRITON_INTERPRET TRITON_DEFAULT_FP_FUSION=1 $(PY) -m xfam_lib.kernels._aot --full --jobs $(or $(JOBS),$(shell nproc)) --out benchmarks/results/kernel_compile.json
 
 ## make exercises: student notebooks (committed) and autograder zips (_build/exercises) from the master notebooks
 exercises: $(STAMP)

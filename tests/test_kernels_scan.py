@@ -100,7 +100,8 @@ def check_scan(batch, d_inner, length, n, b_layout, c_layout, options, dtype, de
 
 # (batch, d_inner, L, N, B layout, C layout, options): d_inner below, above and at a multiple
 # of the 32-channel block; groups of 1, 20 (two groups in one block) and 32 channels (blocks
-# within one group); L crossing checkpoints with a ragged end, and a single step.
+# within one group); L crossing checkpoints with a ragged end, and a single step; a large state
+# (N = 200: blocks of 8 channels, `_selective_scan.block_d`, across groups of 10).
 CASES = [
     (2, 5, 11, 4, "fixed", "fixed", ()),
     (1, 5, 11, 4, "groups5", "input", ("D", "z", "bias", "softplus")),
@@ -108,6 +109,7 @@ CASES = [
     (2, 40, 7, 16, "groups2", "fixed", ("z", "bias")),
     (1, 64, 6, 4, "groups2", "input", ("D", "z")),
     (2, 3, 1, 16, "input", "input", ("D", "z", "bias", "softplus")),
+    (1, 20, 5, 200, "groups2", "input", ("D", "z")),
 ]
 
 
@@ -164,6 +166,8 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
         kernels.selective_scan(u, u, A, B, torch.randn(1, 3, 3, 6))
     with pytest.raises(TypeError, match="delta_softplus must be a bool"):
         kernels.selective_scan(u, u, A, B, B, delta_softplus=1)
+    with pytest.raises(TypeError, match="return_last_state must be a bool"):
+        kernels.selective_scan(u, u, A, B, B, return_last_state="yes")
     meta = torch.empty(1, 4, 6, device="meta")
     with pytest.raises(ValueError, match="got tensors on meta"):
         kernels.selective_scan(meta, meta, A.to("meta"), B.to("meta"), B.to("meta"))

@@ -71,6 +71,12 @@ def _check_served(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
 
 
+def _check_bool(name: str, value) -> None:
+    """Raise ``TypeError`` unless ``value`` is a bool (a flag of another type is not truthy)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
 def _gates_and_initial_state(q: torch.Tensor, v: torch.Tensor, log_g: torch.Tensor,
                              initial_state: torch.Tensor | None) -> torch.Tensor:
     """Check the log gates' dtype and values and the initial state (shape-checked ``log_g``);
@@ -99,8 +105,9 @@ def _chunked(name: str, module: str, function: str, q, k, v, log_g, scale, initi
              return_final_state: bool):
     """Run a chunked gated-linear-attention kernel (``module.function``, an autograd Function of
     contiguous ``(B, L, d)`` stacks) on checked inputs with any leading dims."""
-    scale = resolve_scale(scale, q.shape[-1])
+    _check_bool("return_final_state", return_final_state)
     _check_served(name, q, k, v)
+    scale = resolve_scale(scale, q.shape[-1])
     h0 = _gates_and_initial_state(q, v, log_g, initial_state)
     lead, length, d_k, d_v = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
     batch = h0.shape[0]
@@ -128,10 +135,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     Differentiable: the backward recomputes the weights from the saved log-sum-exp.
     """
     check_qkv(q, k, v)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    scale = resolve_scale(scale, q.shape[-1])
+    _check_bool("causal", causal)
     _check_served("flash_attention", q, k, v)
+    scale = resolve_scale(scale, q.shape[-1])
     d_k, d_v = q.shape[-1], v.shape[-1]
     flash = _import_kernels("_flash")
     _check_device("flash_attention", q.device, q.dtype, flash.INTERPRETED)
@@ -154,8 +160,10 @@ def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: t
     ``out (..., L, d_v)``, and ``(out, final_state (..., d_k, d_v))`` with
     ``return_final_state``: the results of `xfam_lib.linear.gated_linear_attention` with the
     gate broadcast over ``d_k``. ``scale=None`` means ``1/sqrt(d_k)``. fp16, bf16 and fp32,
-    head sizes up to 128; products run in fp32, ``out`` has the input dtype and the final
-    state is fp32. Differentiable in ``q, k, v, log_g`` and ``initial_state``.
+    head sizes up to 128; products take their operands in the input dtype (tensor cores for
+    fp16/bf16) and accumulate in fp32, gates and states stay fp32, ``out`` has the input
+    dtype and the final state is fp32. Differentiable in ``q, k, v, log_g`` and
+    ``initial_state``.
     """
     check_qkv(q, k, v, same_length=True)
     check_tensor("log_g", log_g, floating=True)
@@ -176,8 +184,10 @@ def chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Te
     ``out (..., L, d_v)``, and ``(out, final_state (..., d_k, d_v))`` with
     ``return_final_state``: the arguments and results of
     `xfam_lib.linear.gated_linear_attention`. ``scale=None`` means ``1/sqrt(d_k)``. fp16, bf16
-    and fp32, head sizes up to 128; products run in fp32, ``out`` has the input dtype and the
-    final state is fp32. Differentiable in ``q, k, v, log_g`` and ``initial_state``.
+    and fp32, head sizes up to 128; products take their operands in the input dtype (tensor
+    cores for fp16/bf16) and accumulate in fp32, gates and states stay fp32 (the cumulative
+    gates fp64), ``out`` has the input dtype and the final state is fp32. Differentiable in
+    ``q, k, v, log_g`` and ``initial_state``.
     """
     check_qkv(q, k, v, same_length=True)
     check_tensor("log_g", log_g, floating=True)
@@ -210,8 +220,8 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
         if t is not None and t.dtype not in KERNEL_DTYPES:
             raise ValueError(f"kernels.selective_scan serves float16, bfloat16 and float32, got "
                              f"{name} in {t.dtype}")
-    if not isinstance(delta_softplus, bool):
-        raise TypeError(f"delta_softplus must be a bool, got {delta_softplus!r}")
+    _check_bool("delta_softplus", delta_softplus)
+    _check_bool("return_last_state", return_last_state)
     if A.shape[1] > MAX_STATE:
         raise ValueError(f"kernels.selective_scan serves state sizes N up to {MAX_STATE}, got "
                          f"N={A.shape[1]} (A {tuple(A.shape)})")

@@ -19,11 +19,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from ._mode import interpreted
-
-# True when the kernels below were built for Triton's CPU interpreter.
-INTERPRETED = interpreted()
-_INTERPRETER = tl.constexpr(INTERPRETED)
+from ._mode import INTERPRETED, dot
 
 # Tile sizes: each program instance owns BLOCK_M query rows (forward, dQ) or BLOCK_N key
 # rows (dK/dV) and walks over the other side in steps of the other block size. These are the
@@ -36,27 +32,12 @@ LOG2_E = 1 / math.log(2)
 # first call at a new key (lengths, head sizes, causal, dtypes) compiles and times each config
 # that fits and keeps the fastest. Triton's CPU interpreter runs programs with NumPy, where a
 # config's speed means nothing, so there each kernel runs the one fixed `INTERPRETER_CONFIG`.
-# Cost of a new key on a GPU (an estimate, not measured here): up to 9 configs for each tiled
-# kernel and 3 for delta, 30 compilations of a second or two each plus ~0.1 s of timing each,
+# Cost of a new key on a GPU (an estimate, not measured here): up to 10 configs for each tiled
+# kernel and 3 for delta, 33 compilations of a second or two each plus ~0.1 s of timing each,
 # so 30-90 s before the first forward+backward at a new shape. Compiled kernels stay in
 # Triton's disk cache: a later process at the same shape pays mostly the timing.
 AUTOTUNE = not INTERPRETED
 INTERPRETER_CONFIG = triton.Config({"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N})
-
-
-@triton.jit
-def _dot(a, b, acc, PRECISION: tl.constexpr):
-    """``acc + a @ b`` accumulated in fp32 (``acc=None``: start from 0).
-
-    Triton's interpreter does not support bf16 in ``tl.dot`` (it multiplies the raw bit
-    patterns, triton-lang/triton#11584), so there bf16 tiles are multiplied as fp32 copies:
-    the same products, as the product of two bf16 numbers is exact in fp32.
-    """
-    if _INTERPRETER:  # noqa: SIM102  (two compile-time tests, no `and` in Triton code)
-        if a.dtype == tl.bfloat16:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-    return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -109,8 +90,7 @@ def _key_range(row0, len_q, len_k, CAUSAL: tl.constexpr,
 def _fwd_key_loop(acc, m_i, l_i, q, k_base, v_base, rows, start, stop,
                   len_q, len_k, d_k, d_v, qk_scale,
                   CAUSAL: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                  PRECISION: tl.constexpr):
+                  BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
     """The online softmax over key blocks ``start, start + BLOCK_N, ... < stop``.
 
     Carries, per query row: ``m_i`` the largest score seen so far, ``l_i`` the sum of
@@ -121,7 +101,7 @@ def _fwd_key_loop(acc, m_i, l_i, q, k_base, v_base, rows, start, stop,
         cols = start_n + tl.arange(0, BLOCK_N)
         k = _load_tile(k_base, cols, len_k, d_k, BLOCK_DK)          # (BLOCK_N, BLOCK_DK)
         v = _load_tile(v_base, cols, len_k, d_v, BLOCK_DV)          # (BLOCK_N, BLOCK_DV)
-        s = _dot(q, tl.trans(k), None, PRECISION) * qk_scale
+        s = dot(q, tl.trans(k), None, q.dtype) * qk_scale
         if MASKED:
             s = tl.where(_visible(rows, cols, len_q, len_k, CAUSAL), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -131,7 +111,7 @@ def _fwd_key_loop(acc, m_i, l_i, q, k_base, v_base, rows, start, stop,
         p = tl.exp2(s - m_use[:, None])                             # (BLOCK_M, BLOCK_N)
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION)
+        acc = dot(p, v, acc * alpha[:, None], v.dtype)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -139,7 +119,7 @@ def _fwd_key_loop(acc, m_i, l_i, q, k_base, v_base, rows, start, stop,
 @triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, len_q, len_k, d_k, d_v, qk_scale,
                 CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+                BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
     """One program instance: query rows ``[row0, row0 + BLOCK_M)`` of matrix ``b``.
 
     It keeps its query tile, loops over the key blocks it may see, and writes its rows of the
@@ -159,10 +139,10 @@ def _fwd_kernel(Q, K, V, O, LSE, len_q, len_k, d_k, d_v, qk_scale,
     full, stop = _key_range(row0, len_q, len_k, CAUSAL, BLOCK_M, BLOCK_N)
     acc, m_i, l_i = _fwd_key_loop(acc, m_i, l_i, q, k_base, v_base, rows, 0, full,
                                   len_q, len_k, d_k, d_v, qk_scale, CAUSAL, False,
-                                  BLOCK_N, BLOCK_DK, BLOCK_DV, PRECISION)
+                                  BLOCK_N, BLOCK_DK, BLOCK_DV)
     acc, m_i, l_i = _fwd_key_loop(acc, m_i, l_i, q, k_base, v_base, rows, full, stop,
                                   len_q, len_k, d_k, d_v, qk_scale, CAUSAL, True,
-                                  BLOCK_N, BLOCK_DK, BLOCK_DV, PRECISION)
+                                  BLOCK_N, BLOCK_DK, BLOCK_DV)
 
     # A row that saw no key (causal, Lq > Lk) has l = 0: its output is 0 and its lse -inf.
     seen = l_i > 0.0
@@ -190,11 +170,11 @@ def _bwd_delta_kernel(O, DO, DELTA, len_q, d_v,
 
 @triton.jit
 def _weights(q, k, lse, rows, cols, len_q, len_k, qk_scale,
-             CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+             CAUSAL: tl.constexpr):
     """Recompute the attention weights ``P = 2 ** (s - lse)`` of one tile from the saved
     log-sum-exp; pairs that do not take part get 0. (A row that saw no key has lse = -inf
     and weights 2 ** inf here, but none of its pairs takes part, so they all become 0.)"""
-    s = _dot(q, tl.trans(k), None, PRECISION) * qk_scale
+    s = dot(q, tl.trans(k), None, q.dtype) * qk_scale
     p = tl.exp2(s - lse[:, None])
     return tl.where(_visible(rows, cols, len_q, len_k, CAUSAL), p, 0.0)
 
@@ -202,8 +182,7 @@ def _weights(q, k, lse, rows, cols, len_q, len_k, qk_scale,
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, len_q, len_k, d_k, d_v, scale, qk_scale,
                      CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                     PRECISION: tl.constexpr):
+                     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
     """One program instance: key rows ``[col0, col0 + BLOCK_N)`` of matrix ``b``.
 
     It keeps its key and value tiles and loops over the query blocks that may see them,
@@ -228,11 +207,11 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, len_q, len_k, d_k, d_v, sc
         do = _load_tile(do_base, rows, len_q, d_v, BLOCK_DV)
         lse = tl.load(LSE + b * len_q + rows, mask=rows < len_q, other=0.0)
         delta = tl.load(DELTA + b * len_q + rows, mask=rows < len_q, other=0.0)
-        p = _weights(q, k, lse, rows, cols, len_q, len_k, qk_scale, CAUSAL, PRECISION)
-        dv = _dot(tl.trans(p).to(do.dtype), do, dv, PRECISION)
-        dp = _dot(do, tl.trans(v), None, PRECISION)   # (BLOCK_M, BLOCK_N)
+        p = _weights(q, k, lse, rows, cols, len_q, len_k, qk_scale, CAUSAL)
+        dv = dot(tl.trans(p), do, dv, do.dtype)
+        dp = dot(do, tl.trans(v), None, do.dtype)   # (BLOCK_M, BLOCK_N)
         ds = p * (dp - delta[:, None])
-        dk = _dot(tl.trans(ds).to(q.dtype), q, dk, PRECISION)
+        dk = dot(tl.trans(ds), q, dk, q.dtype)
     _store_tile(DK + b * len_k * d_k, (dk * scale).to(DK.dtype.element_ty), cols, len_k, d_k,
                 BLOCK_DK)
     _store_tile(DV + b * len_k * d_v, dv.to(DV.dtype.element_ty), cols, len_k, d_v, BLOCK_DV)
@@ -241,7 +220,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, len_q, len_k, d_k, d_v, sc
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, len_q, len_k, d_k, d_v, scale, qk_scale,
                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+                   BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
     """One program instance: query rows ``[row0, row0 + BLOCK_M)`` of matrix ``b``.
 
     It keeps its query and output-gradient tiles and loops over the key blocks they may see,
@@ -263,10 +242,10 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, len_q, len_k, d_k, d_v, scale, q
         cols = col0 + tl.arange(0, BLOCK_N)
         k = _load_tile(k_base, cols, len_k, d_k, BLOCK_DK)
         v = _load_tile(v_base, cols, len_k, d_v, BLOCK_DV)
-        p = _weights(q, k, lse, rows, cols, len_q, len_k, qk_scale, CAUSAL, PRECISION)
-        dp = _dot(do, tl.trans(v), None, PRECISION)
+        p = _weights(q, k, lse, rows, cols, len_q, len_k, qk_scale, CAUSAL)
+        dp = dot(do, tl.trans(v), None, do.dtype)
         ds = p * (dp - delta[:, None])
-        dq = _dot(ds.to(k.dtype), k, dq, PRECISION)
+        dq = dot(ds, k, dq, k.dtype)
     _store_tile(DQ + b * len_q * d_k, (dq * scale).to(DQ.dtype.element_ty), rows, len_q, d_k,
                 BLOCK_DK)
 
@@ -284,42 +263,57 @@ def _tile_configs(held: str, streamed: str) -> list[triton.Config]:
       the memory latency; each stage costs one more streamed tile of shared memory).
     - num_warps follows the held block, 16 rows per warp (4 warps for 64 rows, 8 for 128).
     - one small config (64 held, 32 streamed, 2 stages), the only one whose tiles fit an
-      A100's shared memory in fp32 at head size 128 (`_shared_memory`).
+      A100's shared memory in fp32 at head size 128 (`_shared_memory`), and one smaller
+      still (32 held, 16 streamed, 1 stage, 2 warps), the only one that fits a T4's at head
+      size 128, where Triton stages every operand as fp32.
     """
     tiles = [(h, s, stages) for h in (64, 128) for s in (64, 128) for stages in (2, 3)]
-    return [triton.Config({held: h, streamed: s}, num_stages=stages, num_warps=h // 16)
-            for h, s, stages in [*tiles, (64, 32, 2)]]
+    return [triton.Config({held: h, streamed: s}, num_stages=stages, num_warps=max(2, h // 16))
+            for h, s, stages in [*tiles, (64, 32, 2), (32, 16, 1)]]
 
 
-def _shared_memory(held: int, streamed: int, stages: int, block_d: int, elem: int) -> int:
-    """Estimated shared memory (bytes) of one program: the held tiles (``held`` rows of
-    both head sizes, ``block_d = BLOCK_DK + BLOCK_DV``, staged once for ``tl.dot``),
-    ``stages`` buffers of the streamed tiles, and one ``held x streamed`` tile of weights
-    passed between the two products. Meant to err high (Triton's pipeliner keeps at most
-    ``stages`` buffers per streamed load, and may keep the held tiles in registers); an
-    underestimate costs only time, as the autotuner scores a config that runs out of
-    shared memory at compile time as infinitely slow."""
-    return elem * ((held + stages * streamed) * block_d + held * streamed)
+def _shared_memory(held: int, streamed: int, stages: int, block_dk: int, block_dv: int,
+                   elem: int, cc: int) -> int:
+    """Estimated shared memory (bytes) of one program on a GPU of compute capability ``cc``
+    (75 for 7.5): the held tiles (``held`` rows of both head sizes, staged once for
+    ``tl.dot``), ``stages`` buffers of the streamed tiles, and one ``held x streamed`` tile
+    of weights passed between the two products, for ``elem``-byte inputs.
+
+    Before sm_80 (a T4) Triton pipelines no loads (one buffer whatever ``num_stages``) and
+    stages fp16 operands as fp32 (4 bytes), as its products there run on the FMA units.
+    Meant to err high; `xfam_lib.kernels._aot` checks it against compiled sizes."""
+    if cc < 80:
+        stages, elem = 1, 4
+    return elem * ((held + stages * streamed) * (block_dk + block_dv) + held * streamed)
 
 
 def _fitting(configs, held: str, streamed: str, len_held: int, len_streamed: int,
-             block_d: int, elem: int, limit: int) -> list[triton.Config]:
-    """The configs worth timing: tiles within ``limit`` bytes of shared memory, and blocks no
-    longer than their sequences (a longer one computes mostly padding; blocks of 64 held and
-    32 streamed rows always pass). If none is left, the config with the smallest estimate."""
+             block_dk: int, block_dv: int, elem: int, cc: int, limit: int) -> list[triton.Config]:
+    """The configs worth timing: tiles within ``limit`` bytes of shared memory on a GPU of
+    compute capability ``cc``, and blocks no longer than their sequences (a longer one
+    computes mostly padding; blocks of 64 held and 32 streamed rows always pass). Raises
+    ``ValueError`` naming the GPU's limit if no config fits."""
     def need(c):
-        return _shared_memory(c.kwargs[held], c.kwargs[streamed], c.num_stages, block_d, elem)
+        return _shared_memory(c.kwargs[held], c.kwargs[streamed], c.num_stages, block_dk,
+                              block_dv, elem, cc)
 
-    kept = [c for c in configs if need(c) <= limit
-            and c.kwargs[held] <= max(64, len_held)
+    fit = [c for c in configs if need(c) <= limit]
+    if not fit:
+        raise ValueError(f"flash_attention at head sizes padded to {block_dk} and {block_dv} "
+                         f"({elem}-byte inputs) needs at least {min(map(need, configs))} bytes "
+                         f"of shared memory per program, more than the {limit} of this GPU "
+                         f"(compute capability {cc / 10:.1f})")
+    return [c for c in fit if c.kwargs[held] <= max(64, len_held)
             and c.kwargs[streamed] <= max(32, len_streamed)]
-    return kept or [min(configs, key=need)]
 
 
 @functools.cache
-def _shared_memory_limit(device: int) -> int:
-    """Shared memory one program may use on CUDA device ``device`` (bytes)."""
-    return triton.runtime.driver.active.utils.get_device_properties(device)["max_shared_mem"]
+def _device_limits(device: int) -> tuple[int, int]:
+    """Compute capability of CUDA device ``device`` (75 for 7.5) and the shared memory one
+    program may use there (bytes)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    properties = triton.runtime.driver.active.utils.get_device_properties(device)
+    return 10 * major + minor, properties["max_shared_mem"]
 
 
 def _prune(held: str, streamed: str, len_held: str, len_streamed: str):
@@ -327,9 +321,9 @@ def _prune(held: str, streamed: str, len_held: str, len_streamed: str):
     sequence whose length is the kernel argument ``len_held``."""
     def prune(configs, named_args, **kwargs):
         q = named_args["Q"]
+        cc, limit = _device_limits(q.device.index)
         return _fitting(configs, held, streamed, named_args[len_held], named_args[len_streamed],
-                        kwargs["BLOCK_DK"] + kwargs["BLOCK_DV"], q.element_size(),
-                        _shared_memory_limit(q.device.index))
+                        kwargs["BLOCK_DK"], kwargs["BLOCK_DV"], q.element_size(), cc, limit)
     return prune
 
 
@@ -375,16 +369,12 @@ def _launch(kernel, grid, args, meta: dict, config: triton.Config | None) -> Non
 
 
 def _launch_args(q: torch.Tensor, v: torch.Tensor, causal: bool) -> dict:
-    """The compile-time arguments shared by the tiled kernels: padded head sizes, precision.
-
-    Head sizes are padded to a power of two (at least 16, the smallest ``tl.dot`` accepts);
-    fp32 products run in full fp32 (``ieee``), not the GPU's default TF32 (the option
-    concerns fp32 inputs only: products of fp16 or bf16 numbers are exact in fp32).
-    """
+    """The compile-time arguments shared by the tiled kernels: the mask and the head sizes,
+    padded to a power of two (at least 16, the smallest ``tl.dot`` accepts). Products follow
+    the input dtype (`_mode.dot`): fp32 inputs in full fp32, fp16/bf16 on tensor cores."""
     return {"CAUSAL": causal,
             "BLOCK_DK": max(16, triton.next_power_of_2(q.shape[-1])),
-            "BLOCK_DV": max(16, triton.next_power_of_2(v.shape[-1])),
-            "PRECISION": "ieee" if q.dtype == torch.float32 else None}
+            "BLOCK_DV": max(16, triton.next_power_of_2(v.shape[-1]))}
 
 
 def flash_forward(q, k, v, causal: bool, scale: float, config: triton.Config | None = None):

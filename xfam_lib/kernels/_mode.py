@@ -1,4 +1,5 @@
-"""Whether Triton runs the kernels compiled or in its CPU interpreter (imports Triton)."""
+"""Whether Triton runs the kernels compiled or in its CPU interpreter, and the matrix product
+that works in both (imports Triton)."""
 from __future__ import annotations
 
 import os
@@ -24,3 +25,30 @@ def interpreted() -> bool:
             f"{'' if at_import else 'not '}set when triton was first imported: set it before "
             f"anything imports triton (at the start of the process or notebook)")
     return now
+
+
+# True when the kernels were built for Triton's CPU interpreter (fixed at import).
+INTERPRETED = interpreted()
+_INTERPRETER = tl.constexpr(INTERPRETED)
+
+
+@triton.jit
+def dot(a, b, acc, DTYPE: tl.constexpr):
+    """``acc + a @ b`` accumulated in fp32 (``acc=None``: start from 0), the operands first
+    rounded to ``DTYPE``, the kernel's input dtype: tensor-core products for fp16 and bf16,
+    exact fp32 products (``ieee``, not the GPU's default TF32) for fp32. Callers rescale a
+    tile before it is rounded, so that no fp16 operand overflows.
+
+    Triton's interpreter does not support bf16 in ``tl.dot`` (it multiplies the raw bit
+    patterns, triton-lang/triton#11584), so there bf16 operands are multiplied as fp32
+    copies: the same products, as the product of two bf16 numbers is exact in fp32.
+    """
+    a = a.to(DTYPE)
+    b = b.to(DTYPE)
+    if _INTERPRETER:  # noqa: SIM102  (two compile-time tests, no `and` in Triton code)
+        if DTYPE == tl.bfloat16:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+    if DTYPE == tl.float32:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)

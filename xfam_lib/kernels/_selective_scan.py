@@ -35,9 +35,16 @@ from ._mode import interpreted
 
 # True when the kernels below were built for Triton's CPU interpreter.
 INTERPRETED = interpreted()
-# Channels per program instance, and steps between the states the forward saves.
-BLOCK_D = 32
+# Steps between the states the forward saves; channels per program instance (`block_d`).
 CHUNK = 64
+TILE = 2048             # state numbers per program instance: (channels, padded N)
+
+
+def block_d(n: int) -> int:
+    """Channels per program instance at state size ``n``: 32, fewer for large states, so that
+    a ``(BLOCK_D, N)`` tile stays within ``TILE`` numbers (the backward keeps several such
+    tiles in registers; at N = 256 and 32 channels they spill)."""
+    return min(32, max(1, TILE // max(2, triton.next_power_of_2(n))))
 
 
 @triton.jit
@@ -217,10 +224,10 @@ def _layout(X: torch.Tensor, d_inner: int):
     return (*X.stride(), d_inner // X.shape[1]), True                    # (batch, G, N, L)
 
 
-def _one_row(per_group: int, d_inner: int) -> bool:
-    """Whether every block of ``BLOCK_D`` channels reads a single row of ``B`` (or ``C``)."""
-    return all(start // per_group == (min(start + BLOCK_D, d_inner) - 1) // per_group
-               for start in range(0, d_inner, BLOCK_D))
+def _one_row(per_group: int, d_inner: int, block: int) -> bool:
+    """Whether every block of ``block`` channels reads a single row of ``B`` (or ``C``)."""
+    return all(start // per_group == (min(start + block, d_inner) - 1) // per_group
+               for start in range(0, d_inner, block))
 
 
 class SelectiveScan(torch.autograd.Function):
@@ -240,7 +247,7 @@ class SelectiveScan(torch.autograd.Function):
         c_layout, _ = _layout(C, d_inner)
         flags = _flags(D, z, delta_bias, softplus, n)
         if batch:
-            _fwd_kernel[(batch, triton.cdiv(d_inner, BLOCK_D))](
+            _fwd_kernel[(batch, triton.cdiv(d_inner, flags["BLOCK_D"]))](
                 u, delta, A, B, C, _or(D, A), _or(z, u), _or(delta_bias, A), y, last, ckpt,
                 d_inner, n, length, *b_layout, *c_layout, **flags)
         ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, ckpt)
@@ -263,13 +270,13 @@ class SelectiveScan(torch.autograd.Function):
         dC = torch.zeros_like(C, **f32) if c_varies else torch.zeros_like(per_batch)
         if batch:
             scratch = u.new_empty(batch, d_inner, CHUNK, n, **f32)
-            _bwd_kernel[(batch, triton.cdiv(d_inner, BLOCK_D))](
+            _bwd_kernel[(batch, triton.cdiv(d_inner, block_d(n)))](
                 u, delta, A, B, C, _or(D, A), _or(z, u), _or(delta_bias, A), ckpt, scratch,
                 d_y.contiguous(), d_last.contiguous(), du, d_delta, _or(dz, du), dA, dB, dC, dD,
                 d_inner, n, length, *b_layout, *c_layout,
                 B_VARIES=b_varies, C_VARIES=c_varies,
-                B_ONE_ROW=_one_row(b_layout[-1], d_inner),
-                C_ONE_ROW=_one_row(c_layout[-1], d_inner),
+                B_ONE_ROW=_one_row(b_layout[-1], d_inner, block_d(n)),
+                C_ONE_ROW=_one_row(c_layout[-1], d_inner, block_d(n)),
                 **_flags(D, z, delta_bias, ctx.softplus, n))
         if not b_varies:                                                 # summed over the batch
             dB = dB.sum(0)
@@ -288,5 +295,5 @@ def _or(tensor, stand_in):
 
 def _flags(D, z, delta_bias, softplus, n):
     return {"HAS_D": D is not None, "HAS_Z": z is not None, "HAS_BIAS": delta_bias is not None,
-            "SOFTPLUS": softplus, "BLOCK_D": BLOCK_D,
+            "SOFTPLUS": softplus, "BLOCK_D": block_d(n),
             "BLOCK_N": max(2, triton.next_power_of_2(n)), "CHUNK": CHUNK}

@@ -1,0 +1,70 @@
+"""The Triton kernels compiled ahead of time for a T4 and an H100, with no GPU and no
+driver (`xfam_lib.kernels._aot`): what a GPU would refuse at launch is known at compile time.
+
+This runs the cheap subset (`_aot.in_subset`: every kernel's worst case on a T4, the chunked
+kernels' heaviest tensor-core products on an H100), cold, in a subprocess: this process
+runs the kernels in Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1``), where
+nothing can be compiled. ``make kernel-compile`` runs the full matrix (every GPU, dtype, head
+size and autotuning config) and the same checks (`_aot.problems`).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+if sys.platform != "linux":
+    pytest.skip("Triton is pinned and tested on Linux only", allow_module_level=True)
+
+from xfam_lib.kernels import _aot
+
+
+def compile_subset(folder):
+    """The subset's compile results, from one run of ``python -m xfam_lib.kernels._aot``."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(folder / "cache")             # cold: a fresh cache per run
+    saved = folder / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "xfam_lib.kernels._aot", "--subset", "--out",
+                           str(saved)], env=env, capture_output=True, text=True, timeout=1800,
+                          check=False)                         # exit 1: problems, asserted below
+    assert saved.exists(), proc.stderr[-3000:]
+    return json.loads(saved.read_text())["results"]
+
+
+def test_kernels_compile_for_four_gpus(tmp_path):
+    """One test (one subprocess, whichever worker runs it): every launch of the subset
+    compiles; shared memory within the GPU's limit for every config the wrappers may launch
+    (and one at least for every kernel, GPU, dtype and size), registers within what a block
+    may hold, the flash prune's estimate never below the compiled size (`_aot.problems`);
+    bf16 products of the chunked kernels on tensor cores (``mma`` or ``wgmma`` on an H100),
+    none on a T4 (sm_75), where Triton emits no tensor-core code.
+    Spills are printed (``-s``), not asserted."""
+    results = compile_subset(tmp_path)
+    print(_aot.summary(results))
+    kernels = {(r["family"], r["kernel"]) for r in results if r["gpu"] == "T4"}
+    assert len(kernels) == 4 + 5 + 5 + 2, sorted(kernels)          # every kernel on a T4
+    assert not [r for r in results if r["error"]], [r["error"] for r in results if r["error"]]
+    assert _aot.problems(results) == []
+    half = [r for r in results if r["dtype"] == "bf16"]
+    assert half and all(r["mma"] or r["wgmma"] for r in half)
+    t4_half = [r for r in results if r["gpu"] == "T4" and r["dtype"] == "fp16"]
+    assert t4_half and not any(r["mma"] or r["wgmma"] for r in t4_half)
+
+
+def test_problems_name_what_a_gpu_would_refuse():
+    """The checks themselves, on made-up results: each violation is named."""
+    ok = {"family": "chunk_gla", "kernel": "_out_kernel", "gpu": "A100", "dtype": "bf16",
+          "size": 128, "constexprs": {}, "num_warps": 4, "num_stages": 2, "kept": True,
+          "estimate": None, "error": None, "shared": 1024, "registers": 128, "threads": 128,
+          "local": 0, "mma": True, "wgmma": False}
+    assert _aot.problems([ok]) == []
+    bad = [{**ok, "shared": 200_000}, {**ok, "kernel": "_state_kernel", "mma": False},
+           {**ok, "kernel": "_grad_v_kernel", "registers": 255, "threads": 512},
+           {**ok, "family": "flash_attention", "kernel": "_fwd_kernel", "estimate": 512},
+           {**ok, "kernel": "_d_state_kernel", "error": "OutOfResources"}]
+    found = _aot.problems(bad)
+    for needle in ("shared memory 200000 > 166912", "no tensor-core instruction",
+                   "registers 255 x 512", "estimate 512 < compiled 1024", "compile failed",
+                   "no kept config fits"):
+        assert any(needle in line for line in found), (needle, found)
