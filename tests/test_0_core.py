@@ -167,6 +167,20 @@ def test_time_ratios_interleaves_and_takes_medians(monkeypatch):
     assert out.ratio("a", "c") == pytest.approx(statistics.median([9 / 1, 1 / 2, 2 / 1, 3 / 4]))
 
 
+def test_time_ratios_times_per_call_over_number_calls(monkeypatch):
+    clock, calls = _FakeClock(), []
+    monkeypatch.setattr(bench.time, "perf_counter", clock)
+
+    def run(name, seconds):
+        calls.append(name)
+        clock.now += seconds
+
+    out = bench.time_ratios({"a": lambda: run("a", 1.0), "b": lambda: run("b", 3.0)},
+                            repeats=2, warmup=0, number=3)
+    assert "".join(calls) == "aaabbb" + "bbbaaa"
+    assert out.times == {"a": [1.0, 1.0], "b": [3.0, 3.0]} and out.ratio("b", "a") == 3.0
+
+
 def test_time_ratios_with_real_sleeps():
     out = bench.time_ratios({"short": lambda: time.sleep(0.001), "long": lambda: time.sleep(0.05)},
                             repeats=3, warmup=0)
@@ -182,6 +196,7 @@ def test_time_ratios_with_real_sleeps():
     ({"fns": {"a": lambda: None}, "repeats": 0}, ValueError, "repeats"),
     ({"fns": {"a": lambda: None}, "repeats": 2.5}, ValueError, "repeats"),
     ({"fns": {"a": lambda: None}, "warmup": -1}, ValueError, "warmup"),
+    ({"fns": {"a": lambda: None}, "number": 0}, ValueError, "number"),
 ])
 def test_time_ratios_rejects_bad_input(kwargs, error, words):
     with pytest.raises(error, match=words):

@@ -69,16 +69,18 @@ class Timings(NamedTuple):
 
 
 def time_ratios(fns: dict[Hashable, Callable[[], object]], *, repeats: int = 5, warmup: int = 1,
-                device: torch.device | str | None = None) -> Timings:
+                number: int = 1, device: torch.device | str | None = None) -> Timings:
     """Time every ``fns[name]()`` in ``repeats`` interleaved rounds after ``warmup`` rounds.
 
-    Each round runs every candidate once, the order reversing from round to round (A B C, C B A,
-    A B C, ...), so a change of machine load hits all candidates alike; `Timings.ratio` then
-    compares them round by round.
+    Each round times every candidate once, the order reversing from round to round (A B C,
+    C B A, A B C, ...), so a change of machine load hits all candidates alike; `Timings.ratio`
+    then compares them round by round. A timed sample is ``number`` calls in a row (times are
+    per call): samples much longer than the operating system's time slice see a busy machine's
+    share of the CPU evenly, where one short call is either untouched or pre-empted.
     """
     if not isinstance(fns, dict) or not fns or not all(callable(f) for f in fns.values()):
         raise TypeError(f"fns must be a non-empty dict of callables, got {fns!r}")
-    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0), ("number", number, 1)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
             raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
     names = list(fns)
@@ -90,9 +92,10 @@ def time_ratios(fns: dict[Hashable, Callable[[], object]], *, repeats: int = 5, 
     for r in range(repeats):
         for name in names if r % 2 == 0 else names[::-1]:
             start = time.perf_counter()
-            fns[name]()
+            for _ in range(number):
+                fns[name]()
             _sync(device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append((time.perf_counter() - start) / number)
     median = {name: statistics.median(t) for name, t in times.items()}
     spread = {name: (max(t) - min(t)) / median[name] if median[name] > 0 else 0.0
               for name, t in times.items()}
