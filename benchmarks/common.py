@@ -86,11 +86,12 @@ def _version(dist: str) -> str | None:
 
 
 def machine(device: torch.device | str = "cpu") -> dict:
-    """The CPU's description (its SIMD kernel set as torch picks it: ``ATEN_CPU_CAPABILITY`` overrides it);
-    on CUDA also the GPU's name and the CUDA, Triton and fla-core versions."""
+    """The CPU's description (its SIMD kernel set as torch picks it: ``ATEN_CPU_CAPABILITY`` overrides it),
+    its logical CPUs and the 1-minute load average when the result is saved (other work slows timings); on CUDA also the GPU's name and the CUDA, Triton and fla-core versions."""
     out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
            "cpu": platform.processor() or platform.machine(),
-           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "device": torch.device(device).type}
+           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "device": torch.device(device).type,
+           "cpus": os.cpu_count(), "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
     if torch.device(device).type == "cuda":
         out.update(device=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
                    triton=_version("triton"), fla=_version("fla-core"))

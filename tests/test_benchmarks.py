@@ -37,7 +37,8 @@ def test_results_go_to_results_on_the_cpu_and_to_its_cuda_folder_on_a_gpu(tmp_pa
     path = common.save("probe", {"checks": [check]}, device="cpu")
     saved = json.loads(path.read_text())
     assert path == tmp_path / "probe.json" and saved["checks"] == [check]
-    assert set(saved["machine"]) == {"torch", "threads", "python", "cpu", "cpu_capability", "device"}
+    assert set(saved["machine"]) == {"torch", "threads", "python", "cpu", "cpu_capability", "device", "cpus",
+                                     "load_average"}
     assert saved["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
