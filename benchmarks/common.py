@@ -12,13 +12,13 @@ import argparse
 import json
 import os
 import statistics
-import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
 import torch
 
+from xfam_lib.bench import time_ratios
 from xfam_lib.utils import machine_record
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -49,29 +49,13 @@ def device_label(device: torch.device | str) -> str:
     return "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
 
 
-def _sync() -> None:
-    """Wait for queued CUDA work, so a wall-clock interval covers the GPU time (no-op on a CPU)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
 def interleaved_times(fns: dict[str, Callable[[], object]], *, repeats: int = 9,
                       warmup: int = 1) -> dict[str, list[float]]:
     """Wall times of each function, run in turn (a, b, a, b, ...; the order flips every round) so that
-    drifts in machine load hit every function alike. On CUDA each interval ends with a synchronize."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(repeats):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            _sync()
-            start = time.perf_counter()
-            fns[name]()
-            _sync()
-            times[name].append(time.perf_counter() - start)
-    return times
+    drifts in machine load hit every function alike (`xfam_lib.bench.time_ratios`). On CUDA each
+    interval ends with a synchronize."""
+    device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return time_ratios(fns, repeats=repeats, warmup=warmup, device=device).times
 
 
 def cuda_ms(fn: Callable[[], object], *, warmup_ms: int = 25, rep_ms: int = 100) -> float:
@@ -83,11 +67,9 @@ def cuda_ms(fn: Callable[[], object], *, warmup_ms: int = 25, rep_ms: int = 100)
 
 
 def fastest_chunk_size(run: Callable[[int], object], sizes) -> tuple[int, dict[int, float]]:
-    """Time ``run(size)`` three times for every size (one warm-up); return the size with the lowest
-    median and ``{size: median seconds}``."""
-    medians = {}
-    for size in sizes:
-        medians[size] = statistics.median(interleaved_times({"run": lambda size=size: run(size)}, repeats=3)["run"])
+    """Time ``run(size)`` for every size in three interleaved rounds (one warm-up round); return the
+    size with the lowest median and ``{size: median seconds}``."""
+    medians = time_ratios({size: (lambda size=size: run(size)) for size in sizes}, repeats=3).median
     return min(medians, key=medians.get), medians
 
 
@@ -104,8 +86,10 @@ def _version(dist: str) -> str | None:
 
 
 def machine(device: torch.device | str = "cpu") -> dict:
-    """`xfam_lib.utils.machine_record` of ``device``; on CUDA also the CUDA, Triton and fla-core versions."""
-    out = machine_record(device)
+    """`xfam_lib.utils.machine_record` of ``device``, with the logical CPUs and the 1-minute load average
+    when the result is saved (other work slows timings); on CUDA also the CUDA, Triton and fla-core versions."""
+    out = {**machine_record(device), "cpus": os.cpu_count(),
+           "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
     if torch.device(device).type == "cuda":
         out.update(cuda=torch.version.cuda, triton=_version("triton"), fla=_version("fla-core"))
     return out

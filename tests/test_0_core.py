@@ -3,6 +3,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # tests only: no display here (never set for the book build)
 
+import statistics
+import time
+
 import pytest
 import torch
 
@@ -132,6 +135,80 @@ def test_time_fn_and_peak_memory():
     assert 2 * 4 * n <= peak <= 3 * 4 * n            # the ones tensor and the product are alive together
     freed = bench.peak_memory(lambda: [torch.ones(n).sum() for _ in range(4)])
     assert 4 * n <= freed < 2 * 4 * n                 # temporaries freed between iterations
+
+
+class _FakeClock:
+    """A ``perf_counter`` that only moves when a timed function says how long it took."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_time_ratios_interleaves_and_takes_medians(monkeypatch):
+    clock, calls = _FakeClock(), []
+    monkeypatch.setattr(bench.time, "perf_counter", clock)
+    durations = {"a": iter([9.0, 1.0, 2.0, 3.0, 100.0]), "b": iter([5.0, 4.0, 6.0, 5.0, 0.5]),
+                 "c": iter([1.0, 2.0, 1.0, 4.0, 3.0])}
+
+    def timed(name):
+        def run():
+            calls.append(name)
+            if len(calls) > 3:                      # the first round is the warm-up: not timed
+                clock.now += next(durations[name])
+        return run
+
+    out = bench.time_ratios({n: timed(n) for n in "abc"}, repeats=4, warmup=1)
+    assert "".join(calls) == "abc" + "abc" + "cba" + "abc" + "cba"
+    # runs in order of timing: a 9, 1, 2, 3; b 5, 4, 6, 5; c 1, 2, 1, 4 (the fifth value is never used)
+    assert out.median == {"a": 2.5, "b": 5.0, "c": 1.5}
+    assert out.spread == {"a": 8 / 2.5, "b": 2 / 5.0, "c": 3 / 1.5}
+    assert out.ratio("b", "a") == pytest.approx(statistics.median([5 / 9, 4 / 1, 6 / 2, 5 / 3]))
+    assert out.ratio("a", "c") == pytest.approx(statistics.median([9 / 1, 1 / 2, 2 / 1, 3 / 4]))
+
+
+def test_time_ratios_times_per_call_over_number_calls(monkeypatch):
+    clock, calls = _FakeClock(), []
+    monkeypatch.setattr(bench.time, "perf_counter", clock)
+
+    def run(name, seconds):
+        calls.append(name)
+        clock.now += seconds
+
+    out = bench.time_ratios({"a": lambda: run("a", 1.0), "b": lambda: run("b", 3.0)},
+                            repeats=2, warmup=0, number=3)
+    assert "".join(calls) == "aaabbb" + "bbbaaa"
+    assert out.times == {"a": [1.0, 1.0], "b": [3.0, 3.0]} and out.ratio("b", "a") == 3.0
+
+
+def test_time_ratios_with_real_sleeps():
+    out = bench.time_ratios({"short": lambda: time.sleep(0.001), "long": lambda: time.sleep(0.05)},
+                            repeats=3, warmup=0)
+    assert [len(t) for t in out.times.values()] == [3, 3]
+    assert 0.001 <= out.median["short"] < out.median["long"]
+    assert out.ratio("long", "short") > 2           # sleep(0.05) never returns before 0.05 s
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"fns": {}}, TypeError, "fns"),
+    ({"fns": [lambda: None]}, TypeError, "fns"),
+    ({"fns": {"a": 3}}, TypeError, "fns"),
+    ({"fns": {"a": lambda: None}, "repeats": 0}, ValueError, "repeats"),
+    ({"fns": {"a": lambda: None}, "repeats": 2.5}, ValueError, "repeats"),
+    ({"fns": {"a": lambda: None}, "warmup": -1}, ValueError, "warmup"),
+    ({"fns": {"a": lambda: None}, "number": 0}, ValueError, "number"),
+])
+def test_time_ratios_rejects_bad_input(kwargs, error, words):
+    with pytest.raises(error, match=words):
+        bench.time_ratios(**kwargs)
+
+
+def test_timings_ratio_names_the_unknown_candidate():
+    out = bench.time_ratios({"a": lambda: None, "b": lambda: None}, repeats=1, warmup=0)
+    with pytest.raises(ValueError, match="den.*'z'"):
+        out.ratio("a", "z")
 
 
 def test_plots_shape_table_and_heatmaps():

@@ -1,6 +1,8 @@
 """Timing and peak memory on any device, and the cost models of Chapter 3 (FLOPs, bytes, caches).
 
-`time_fn` reports the median of repeats after warm-up (synchronising CUDA). `peak_memory`
+`time_fn` reports the median of repeats after warm-up (synchronising CUDA); `time_ratios` times
+several candidates in interleaved rounds, so that their ratios come from runs that saw the same
+machine state. `peak_memory`
 uses the CUDA allocator's statistics on a GPU and, on a CPU, counts the bytes of the storages
 that ops allocate while the function runs, each until it is freed (a dispatch-level tracker:
 exact for tensor storage, blind to allocator overhead, to scratch buffers inside fused kernels
@@ -14,7 +16,7 @@ import numbers
 import statistics
 import time
 import weakref
-from typing import Callable, NamedTuple
+from typing import Callable, Hashable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +26,7 @@ from torch.utils._pytree import tree_flatten
 from .attention import repeat_kv, scaled_dot_product_attention
 
 __all__ = [
-    "time_fn", "peak_memory", "largest_intermediate", "memory_traffic", "measure_matmul_flops", "measure_bandwidth",
+    "time_fn", "time_ratios", "Timings", "peak_memory", "largest_intermediate", "memory_traffic", "measure_matmul_flops", "measure_bandwidth",
     "attention_flops", "linear_attention_flops", "rnn_flops", "conv_flops", "path_length", "attention_io_bytes", "Roofline", "roofline",
     "kv_cache_bytes", "paged_waste", "contiguous_waste", "adaptive_softmax_cost", "simulate_tensor_parallel",
 ]
@@ -50,6 +52,54 @@ def time_fn(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1,
         _sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+class Timings(NamedTuple):
+    """Interleaved wall times in seconds: ``times[name]`` has one run per round."""
+    median: dict[Hashable, float]     # median seconds of each candidate
+    spread: dict[Hashable, float]     # (slowest - fastest) / median of each candidate's runs
+    times: dict[Hashable, list[float]]
+
+    def ratio(self, num: Hashable, den: Hashable) -> float:
+        """Median over rounds of ``times[num] / times[den]`` (> 1: ``num`` was slower)."""
+        for arg, name in (("num", num), ("den", den)):
+            if name not in self.times:
+                raise ValueError(f"{arg} must be one of {list(self.times)}, got {name!r}")
+        return statistics.median(a / b for a, b in zip(self.times[num], self.times[den]))
+
+
+def time_ratios(fns: dict[Hashable, Callable[[], object]], *, repeats: int = 5, warmup: int = 1,
+                number: int = 1, device: torch.device | str | None = None) -> Timings:
+    """Time every ``fns[name]()`` in ``repeats`` interleaved rounds after ``warmup`` rounds.
+
+    Each round times every candidate once, the order reversing from round to round (A B C,
+    C B A, A B C, ...), so a change of machine load hits all candidates alike; `Timings.ratio`
+    then compares them round by round. A timed sample is ``number`` calls in a row (times are
+    per call): samples much longer than the operating system's time slice see a busy machine's
+    share of the CPU evenly, where one short call is either untouched or pre-empted.
+    """
+    if not isinstance(fns, dict) or not fns or not all(callable(f) for f in fns.values()):
+        raise TypeError(f"fns must be a non-empty dict of callables, got {fns!r}")
+    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0), ("number", number, 1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    _sync(device)
+    times: dict[Hashable, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            for _ in range(number):
+                fns[name]()
+            _sync(device)
+            times[name].append((time.perf_counter() - start) / number)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    spread = {name: (max(t) - min(t)) / median[name] if median[name] > 0 else 0.0
+              for name, t in times.items()}
+    return Timings(median, spread, times)
 
 
 class _LiveTensorBytes(TorchDispatchMode):
