@@ -377,10 +377,17 @@ def judge_config(chapter: str, questions: list[Question], library: list[str] = (
     """The grading plugin's configuration in the autograder's ``otter_config.json``.
 
     ``library``: the ``xfam_lib`` names the student notebook imports, which a submission may use
-    (with the modules every notebook may use, `xfam_grading.scanner.LIBRARY_ALWAYS`).
+    (with the modules every notebook may use, `xfam_grading.scanner.LIBRARY_ALWAYS`). Each part's
+    ``off_limits`` are the master's names; ``implied_off_limits`` closes them under the library's own
+    calls (`xfam_grading.guard.implied_off_limits`: every library function or class that calls one of
+    them, except the names the notebook was given).
     """
+    from xfam_grading.guard import implied_off_limits
+
+    off_limits = {q.name: q.off_limits for q in questions if q.off_limits}
     return {"chapter": chapter, "release": release(), "setup_cell": setup_cell_source(chapter),
-            "off_limits": {q.name: q.off_limits for q in questions if q.off_limits}, "library": list(library)}
+            "off_limits": off_limits, "implied_off_limits": implied_off_limits(off_limits, list(library)),
+            "library": list(library)}
 
 
 # ----------------------------------------------------------------------------- the student notebook

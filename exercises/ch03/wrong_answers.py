@@ -376,16 +376,60 @@ def key_loop_no_guard(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: t
     return _key_loop(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, D, GUARD=False)
 
 
-def flash_forward_in_torch(q, k, v, key_loop, causal=False, block_m=16, block_n=16):
-    """The launch replaced by PyTorch: right numbers, and the key loop never runs."""
-    s = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
-    if causal:
-        len_q, len_k = q.shape[-2], k.shape[-2]
-        hidden = torch.arange(len_k) > torch.arange(len_q)[:, None] + (len_k - len_q)
-        s = s.masked_fill(hidden, float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    weights = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
-    return weights @ v.float(), lse / math.log(2)
+def _in_python(*args):
+    """Plain Python inside the kernel: Triton's interpreter runs it (here the right loop; it could be
+    PyTorch or anything), a GPU could not compile it."""
+    return _key_loop(*args)
+
+
+@triton.jit
+def key_loop_calls_python(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    return _in_python(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, D)
+
+
+@triton.jit
+def key_loop_one_tile(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """No loop: one tile of 64 keys, right whenever len_k <= 64."""
+    cols = tl.arange(0, 64)
+    k = load_rows(k_base, cols, len_k, D)
+    v = load_rows(v_base, cols, len_k, D)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    visible = cols[None, :] < len_k
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= rows[:, None] + (len_k - len_q))
+    s = tl.where(visible, s, float("-inf"))
+    m = tl.max(s, 1)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    p = tl.exp2(s - shift[:, None])
+    return tl.dot(p, v, input_precision="ieee"), m, tl.sum(p, 1)
+
+
+@triton.jit
+def key_loop_no_trans(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """The scores tl.dot(q, k): shapes agree when D == BLOCK_N, the values are wrong."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start in range(0, len_k, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        k = load_rows(k_base, cols, len_k, D)
+        v = load_rows(v_base, cols, len_k, D)
+        s = tl.dot(q, k, input_precision="ieee") * qk_scale
+        visible = cols[None, :] < len_k
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + (len_k - len_q))
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - shift[:, None])
+        alpha = tl.exp2(m - shift)
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m = m_new
+    return acc, m, l
 
 
 WRONG_ANSWERS = {
@@ -458,6 +502,8 @@ WRONG_ANSWERS = {
         "top_left_causal": ({"flash_key_loop": key_loop_top_left}, "top-left"),
         "ragged_keys": ({"flash_key_loop": key_loop_ragged_keys}, "padding"),
         "nan": ({"flash_key_loop": key_loop_no_guard}, "NaN"),
-        "launch_in_torch": ({"flash_attention_forward": flash_forward_in_torch}, "must launch"),
+        "calls_python": ({"flash_key_loop": key_loop_calls_python}, "neither tl"),
+        "one_tile": ({"flash_key_loop": key_loop_one_tile}, "growing maxima=True"),
+        "no_trans": ({"flash_key_loop": key_loop_no_trans}, "transposed"),
     },
 }

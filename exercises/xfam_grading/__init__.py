@@ -81,7 +81,8 @@ confinement and the judge's handle on it), `judge` (`Judge`, `Report`), `otter_p
 (`OtterJudge`, `otter_notebook`). It is installed with the exercises (``exercises/pyproject.toml``),
 not with ``xfam_lib``.
 """
-from .checks import DEFAULT_TIME_LIMIT, OffLimitsError, SubmissionTimeout, case_label, check_cases, time_limit
+from .checks import (DEFAULT_TIME_LIMIT, OffLimitsError, SubmissionTimeout, case_label, check_cases, jit_body_problems,
+                     time_limit)
 from .compare import compare_outputs, output_problems
 from .judge import Judge, Report
 from .otter_plugin import OtterJudge, otter_notebook
@@ -97,6 +98,7 @@ __all__ = [
     "compare_outputs",
     "case_label",
     "check_cases",
+    "jit_body_problems",
     "Limits",
     "scan_code",
     "notebook_code_cells",
