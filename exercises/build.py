@@ -19,9 +19,9 @@ check builds its cases and its reference. In the student notebook otter's unpinn
 ``xfam_lib`` at the book's release, and fetches the public tests of that release), otter's init
 cell uses `xfam_grading.otter_notebook` (failure messages without otter's traceback
 header, the off-limits scan; its ``tests/grading.json`` says what to scan), links to the
-chapter point at its rendered page (`chapter_url`: ``html: baseurl:`` of `_config.yml` once
-the book is published, the local book build until then), and each question links to its
-section of the chapter (`question_section`).
+chapter point where students read it (`chapter_url`: the published book at ``html: baseurl:`` of
+`_config.yml` once it is set, until then the chapter on GitHub at the release tag), and each
+question links to its section of the chapter (`question_sections`).
 
 Usage: ``python exercises/build.py [ch01 ...]`` (default: every chapter). ``make exercises`` runs it.
 """
@@ -149,13 +149,30 @@ def book_url() -> str:
     return match.group(1).rstrip("/") if match else ""
 
 
-LOCAL_BOOK = "../../../_build/html"     # the book build's pages, seen from exercises/chNN/student/
+def github_anchor(title: str) -> str:
+    """The anchor GitHub gives a Markdown heading (github-slugger): lower case, punctuation dropped,
+    spaces to hyphens."""
+    text = re.sub(r"\$([^$]*)\$", r"\1", title.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
-def chapter_url(notebook: str, anchor: str = "") -> str:
-    """A chapter's rendered page (and section): at `book_url` once published, else the local book build's."""
-    page = f"{book_url() or LOCAL_BOOK}/chapters/{Path(notebook).stem}.html"
+def chapter_url(notebook: str, title: str = "") -> str:
+    """Where a student reads a chapter (and its section titled ``title``): the published book
+    (`book_url`, anchors as the book build makes them) once ``html: baseurl:`` is set, until then the
+    chapter notebook on GitHub at the release tag (anchors as GitHub makes them)."""
+    if book_url():
+        page = f"{book_url()}/chapters/{Path(notebook).stem}.html"
+        anchor = _sphinx_anchor(title) if title else ""
+    else:
+        page = f"{repository_url()}/blob/{release()}/chapters/{notebook}"
+        anchor = github_anchor(title) if title else ""
     return f"{page}#{anchor}" if anchor else page
+
+
+def _sphinx_anchor(title: str) -> str:
+    from docutils.nodes import fully_normalize_name, make_id
+
+    return make_id(fully_normalize_name(title))
 
 
 _METHOD = r"M\d+\.\d+"
@@ -164,8 +181,6 @@ _METHOD = r"M\d+\.\d+"
 def chapter_sections(notebook: str) -> list[tuple[int, str, str, str]]:
     """``(level, title, anchor, comments)`` of every heading of a chapter notebook: anchors as the book build
     makes them; ``comments``: the ``<!-- M8.9 -->`` comments of the heading's cell below it."""
-    from docutils.nodes import fully_normalize_name, make_id
-
     nb = nbformat.read(ROOT / "chapters" / notebook, as_version=4)
     sections, fence = [], False
     for cell in (c for c in nb.cells if c.cell_type == "markdown"):
@@ -175,15 +190,37 @@ def chapter_sections(notebook: str) -> list[tuple[int, str, str, str]]:
             heading = re.match(r"(#{1,6})\s+(.+?)\s*$", line)
             if heading and not fence:
                 title = heading.group(2)
-                sections.append([len(heading.group(1)), title, make_id(fully_normalize_name(title)), ""])
+                sections.append([len(heading.group(1)), title, _sphinx_anchor(title), ""])
                 current = sections[-1]
             elif current is not None and "<!--" in line:
                 current[3] += " " + line
     return [tuple(section) for section in sections]
 
 
+def question_sections(notebook: str, prompt: str) -> list[tuple[str, str]]:
+    """``(shown title, heading)`` of the chapter sections a question points at: those its comment names
+    (``<!-- M10.2 section 10.7 10.8 -->``), else the one of `question_section`."""
+    comment = re.search(r"<!--(.*?)-->", prompt, flags=re.S)
+    named = re.search(r"\bsections?\s+((?:\d+\.\d+[\s,]*)+)", comment.group(1)) if comment else None
+    if named:
+        wanted = re.findall(r"\d+\.\d+", named.group(1))
+        found = [(title, title) for _, title, _, _ in chapter_sections(notebook)
+                 for number in wanted if title.startswith(number + " ")]
+        if len(found) != len(wanted):
+            raise ValueError(f"{notebook} has no section {', '.join(wanted)} (a question's comment names it)")
+        return [(_shown(title), title) for title, _ in found]
+    best = question_section(notebook, prompt)
+    return [best] if best else []
+
+
+def _shown(title: str) -> str:
+    """A heading without its trailing ``(M7.5, M7.6)`` markers."""
+    return re.sub(rf"\s*\({_METHOD}[^)]*\)\s*$", "", title)
+
+
 def question_section(notebook: str, prompt: str) -> tuple[str, str] | None:
-    """``(title, anchor)`` of the chapter section a question's METHODS markers (``<!-- M8.8 M8.9 -->``) point at.
+    """``(shown title, heading)`` of the chapter section a question's METHODS markers (``<!-- M8.8 M8.9 -->``)
+    point at.
 
     Below the chapter's title: the heading whose title names the most markers; on a tie, the one
     naming the question's later marker, then the deepest, then the one whose comments name the most
@@ -202,10 +239,10 @@ def question_section(notebook: str, prompt: str) -> tuple[str, str] | None:
             others = len(re.findall(_METHOD, title + comments))
             key = (len(in_title), max(in_title + in_comments), level, len(in_comments), -others, -index)
             if best is None or key > best[0]:
-                best = (key, title, anchor)
+                best = (key, title)
     if best is None:
         return None
-    return re.sub(rf"\s*\({_METHOD}[^)]*\)\s*$", "", best[1]), best[2]
+    return _shown(best[1]), best[1]
 
 
 def fix_master(master: Path, chapter: str) -> bool:
@@ -420,11 +457,11 @@ def _student_notebook(path: Path, setup_source: str):
             cell.source = cell.source.replace(OTTER_CHECK_ALL_TEXT, CHECK_ALL_TEXT)
             cell.source = re.sub(r"\]\(\.\./\.\./chapters/([\w.-]+\.ipynb)\)",
                                  lambda m: f"]({chapter_url(m.group(1))})", cell.source)
-            section = question_section(chapter, cell.source) if chapter and cell.source.startswith("## Question") \
-                else None
-            if section:
-                cell.source = cell.source.rstrip("\n") + f"\n\nIn the chapter: [{section[0]}]" \
-                    f"({chapter_url(chapter, section[1])})"
+            sections = question_sections(chapter, cell.source) if chapter and cell.source.startswith("## Question") \
+                else []
+            if sections:
+                cell.source = cell.source.rstrip("\n") + "\n\nIn the chapter: " + "; ".join(
+                    f"[{shown}]({chapter_url(chapter, heading)})" for shown, heading in sections)
     nb.cells = cells
     nb.metadata.pop("jupytext", None)
     nb.metadata.update(COLAB_METADATA)

@@ -120,6 +120,28 @@ def test_an_endless_loop_is_stopped_once_per_check(monkeypatch):
     assert time.perf_counter() - start < 1.0          # one time-out, not five
 
 
+def test_an_error_is_located_in_the_students_cell_not_in_the_tests_spy():
+    """An error that passes through a test's dispatch spy is reported at the student's line."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    student = {}
+    exec(compile("import torch\ndef tiled(x):\n    y = x * 2\n    return y @ torch.ones(3, 2)\n", "<cell 4>", "exec"),
+         student)
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def submission(c):
+        with Spy():
+            return student["tiled"](c["x"])
+
+    with pytest.raises(AssertionError) as failed:
+        check_cases("spied", params=[{"n": 4}], make_case=lambda p: {"x": torch.ones(p["n"], 4)},
+                    submission=submission, reference=lambda c: c["x"])
+    assert "(in tiled, line 4 of its cell)" in str(failed.value), failed.value
+
+
 def test_trim_otter_message_keeps_only_what_the_check_says():
     raw = ("❌ Test case failed\nError at line 30 in test q1a:\n      check_cases(\"masks\", params=[...])\n"
            "AssertionError: [masks] case n=2: out: expected shape (2,), got shape (3,)")

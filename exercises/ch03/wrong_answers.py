@@ -95,6 +95,10 @@ def logn_factor_natural_log(n, train_len):
     return math.log(n)
 
 
+def logn_factor_clipped(n, train_len):
+    return max(1.0, math.log(n) / math.log(train_len))               # never below 1
+
+
 def logn_factor_inverted(n, train_len):
     return math.log(train_len) / math.log(n) if n > 1 else 0.0
 
@@ -225,7 +229,7 @@ def tiled_fused(q, k, v, block_size=64, causal=False):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def _tiled(q, k, v, block_size, causal, rescale=True, offset_aligned=True):
+def _tiled(q, k, v, block_size, causal, rescale=True, offset_aligned=True, rescale_acc=True):
     lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     offset = lk - lq if offset_aligned else 0
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
@@ -246,7 +250,7 @@ def _tiled(q, k, v, block_size, causal, rescale=True, offset_aligned=True):
             p = torch.exp(s - shift.unsqueeze(-1))
             alpha = torch.exp(m - shift) if rescale else torch.ones_like(m)
             l = alpha * l + p.sum(dim=-1)
-            acc = alpha.unsqueeze(-1) * acc + p @ v[..., j0:j1, :]
+            acc = (alpha.unsqueeze(-1) * acc if rescale_acc else acc) + p @ v[..., j0:j1, :]
             m = m_new
         out[..., i0:i1, :] = acc / l.unsqueeze(-1)
     return out
@@ -254,6 +258,14 @@ def _tiled(q, k, v, block_size, causal, rescale=True, offset_aligned=True):
 
 def tiled_no_rescale(q, k, v, block_size=64, causal=False):
     return _tiled(q, k, v, block_size, causal, rescale=False)      # forgets exp(m_old - m_new)
+
+
+def tiled_acc_not_rescaled(q, k, v, block_size=64, causal=False):
+    return _tiled(q, k, v, block_size, causal, rescale_acc=False)  # l rescaled, acc not
+
+
+def tiled_float64_buffers(q, k, v, block_size=64, causal=False):
+    return _tiled(q.double(), k.double(), v.double(), block_size, causal)   # float64 whatever the input
 
 
 def tiled_top_left(q, k, v, block_size=64, causal=False):
@@ -455,6 +467,7 @@ WRONG_ANSWERS = {
     "q3a": {
         "natural_log": ({"logn_factor": logn_factor_natural_log}, "expected"),
         "off_by_one": ({"logn_factor": logn_factor_inverted}, "expected"),
+        "clipped_at_one": ({"logn_factor": logn_factor_clipped}, "expected"),
     },
     "q3b": {
         "no_sqrt": ({"logn_attention": logn_attention_no_sqrt}, "max abs error"),
@@ -488,7 +501,9 @@ WRONG_ANSWERS = {
     "q6a": {
         "materialises": ({"tiled_attention": tiled_materialises}, "memory budget"),
         "fused_kernel": ({"tiled_attention": tiled_fused}, "fused attention"),
-        "no_rescale": ({"tiled_attention": tiled_no_rescale}, "max abs error"),
+        "no_rescale": ({"tiled_attention": tiled_no_rescale}, "neither acc nor l is rescaled"),
+        "acc_not_rescaled": ({"tiled_attention": tiled_acc_not_rescaled}, "acc is not rescaled"),
+        "float64_buffers": ({"tiled_attention": tiled_float64_buffers}, "dtype"),
         "top_left_causal": ({"tiled_attention": tiled_top_left}, "max abs error"),
         "wrong_shape": ({"tiled_attention": tiled_wrong_shape}, "shape"),
         "nan": ({"tiled_attention": tiled_nan}, "NaN"),

@@ -187,10 +187,14 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
+_TEST_FILES: set[str] = set()      # the files of the tests that called check_cases: their frames are not the student's
+
+
 def _student_frame_note(exc: BaseException) -> str:
-    """`` (in f, line 3)`` for the innermost traceback frame in the student's code, if any."""
+    """`` (in f, line 3)`` for the innermost traceback frame in the student's code, if any (not the
+    grader's, the library's, torch's or a test's, e.g. a test's dispatch spy that the error passed through)."""
     skip = (str(Path(__file__).resolve().parent), _LIBRARY, str(Path(torch.__file__).resolve().parent), sys.base_prefix,
-            sys.prefix, "<check ")
+            sys.prefix, "<check ", *_TEST_FILES)
     note, tb = "", exc.__traceback__
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
@@ -325,6 +329,7 @@ def check_cases(label: str, *, params: Iterable[dict], make_case: Callable[[dict
         _COLLECTOR.add(label, params, make_case, submission, reference, compare, limit)
         return
     missing = _missing_arguments(sys._getframe(1))
+    _TEST_FILES.add(sys._getframe(1).f_code.co_filename)
     if missing:
         raise AssertionError(f"[{label}] " + missing_name_message(missing))
     limit = DEFAULT_TIME_LIMIT if limit is None else limit

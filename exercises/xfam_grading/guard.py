@@ -284,13 +284,15 @@ def is_neutral(filename: str) -> bool:
 
 def _caller(frame, library: dict[int, Any]) -> tuple[str, Any, bool]:
     """``(kind, frame, walked)``: the first frame from ``frame`` outwards that is the library's code
-    (``library``) or the student's (``student``), skipping torch, the standard library, the grader
-    and the tests' adapters; ``none`` if there is neither. ``walked``: frames were skipped."""
+    (``library``) or the student's (``student``), skipping torch, the standard library and the grader;
+    ``none`` if a test's adapter comes first, or there is neither. ``walked``: frames were skipped."""
     walked = False
     while frame is not None:
         code = frame.f_code
         if id(code) in library:
             return "library", frame, walked
+        if code.co_filename.startswith("<check "):      # a test's adapter: the test's own call
+            return "none", None, walked
         if not is_neutral(code.co_filename):
             return "student", frame, walked
         frame, walked = frame.f_back, True
@@ -559,9 +561,12 @@ def _library_like(source: Any) -> bool:
 
 
 def _student_frames(frame, library: dict[int, Any]) -> bool:
-    """Whether any frame from ``frame`` outwards is the student's (neither the library's nor neutral)."""
+    """Whether any frame from ``frame`` outwards, up to a test's adapter, is the student's (neither the
+    library's nor neutral)."""
     while frame is not None:
         code = frame.f_code
+        if code.co_filename.startswith("<check "):
+            return False
         if id(code) not in library and not is_neutral(code.co_filename):
             return True
         frame = frame.f_back
