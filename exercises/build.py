@@ -110,16 +110,56 @@ def otter_requirement() -> str:
     return _pin("otter-grader", ROOT / "requirements-grading.txt")
 
 
+# What grader.check needs besides what Colab ships (its runtime of 2026-08-19 has otter's other
+# requirements, some at other versions, which the check API does not mind): installed with --no-deps,
+# so that nothing Colab ships is replaced. Measured by importing otter and running Notebook.check in a
+# venv of Colab's versions.
+CHECK_ONLY = ("fica", "ipylab", "python-frontmatter")
+
+
+def check_requirements() -> list[str]:
+    """The pinned packages the exercise notebooks install on Colab for ``grader.check``."""
+    lock = ROOT / "requirements-lock.txt"
+    return [otter_requirement(), *(_pin(p, lock) for p in CHECK_ONLY)]
+
+
 def setup_cell_source(chapter: str) -> str:
     """The first cell of a chapter's exercise notebooks.
 
     The chapters' canonical setup cell (scripts/setup_cell.py, which installs ``xfam_lib`` at the
-    release) with the pinned otter-grader and the grading package (``xfam_grading``, from the repository's
-    ``exercises`` folder at the release) added to its Colab install line, then, on Colab only, a
+    release), then on Colab the pinned otter-grader and the few packages its check API needs that Colab
+    lacks (`check_requirements`) with the grading package (``xfam_grading``, from the repository's
+    ``exercises`` folder at the release), all without their dependencies, so nothing Colab ships is
+    replaced (one line says what was installed), then, on Colab only, a
     sparse shallow clone of the repository at the release that copies just
     ``exercises/<chapter>/student/tests`` to ``./tests`` (otter looks there).
     """
     tests = f"exercises/{chapter}/student/tests"
+    pins = ",\n            ".join(f'"{pin}"' for pin in check_requirements())
+    grading = (
+        "\n"
+        "if \"google.colab\" in sys.modules:  # grader.check, replacing nothing Colab ships\n"
+        "    from importlib import metadata\n"
+        "\n"
+        "    def missing(pin):\n"
+        "        try:\n"
+        "            return metadata.version(pin.split(\"==\")[0]) != pin.split(\"==\")[1]\n"
+        "        except metadata.PackageNotFoundError:\n"
+        "            return True\n"
+        "\n"
+        f"    pins = [{pins}]\n"
+        "    added = [pin for pin in pins if missing(pin)]\n"
+        "    grading = f\"xfam_grading @ git+{URL}@{RELEASE}#subdirectory=exercises\"\n"
+        "    pip = subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", \"--no-deps\",\n"
+        "                          *added, grading], capture_output=True, text=True)\n"
+        "    if pip.returncode:\n"
+        "        print(pip.stderr[-3000:], file=sys.stderr)\n"
+        "        raise RuntimeError(\"Installing the checks failed (pip's message is above): \"\n"
+        "                           \"run this cell again.\")\n"
+        "    if added:\n"
+        "        print(\"installed for grader.check, without their dependencies (nothing of \"\n"
+        "              f\"Colab's replaced): {', '.join(added)}\")"
+    )
     fetch = (
         "\n"
         "import os\n"
@@ -137,8 +177,7 @@ def setup_cell_source(chapter: str) -> str:
         "                               \"message is above): run this cell again.\")\n"
         "    shutil.copytree(os.path.join(repo, tests), \"tests\")"
     )
-    grading = 'f"xfam_grading @ git+{URL}@{RELEASE}#subdirectory=exercises"'      # URL, RELEASE: the cell's
-    return _setup_cell_module().setup_cell_source(extra_pip=f'"{otter_requirement()}", {grading}') + fetch
+    return _setup_cell_module().setup_cell_source() + grading + fetch
 
 
 def book_url() -> str:

@@ -183,6 +183,20 @@ def test_setup_cell_is_pinned_to_the_release():
     assert '"--branch", RELEASE' in source and '"main"' not in source
 
 
+def test_the_exercise_setup_replaces_nothing_colab_ships():
+    """On Colab, grader.check gets otter and the few packages its check API needs that Colab lacks, all
+    with --no-deps (so pip changes none of Colab's packages), and the cell says in one line what it
+    installed; xfam_lib's own install line names no grading package."""
+    source = build.setup_cell_source("ch03")
+    grading = source[source.index("# grader.check"):source.index("import os\nif")]
+    pins = build.check_requirements()
+    assert pins[0] == build.otter_requirement() and all(p.count("==") == 1 for p in pins), pins
+    assert '"--no-deps"' in grading and all(f'"{p}"' in grading for p in pins), grading
+    assert grading.count("print(") == 2 and "installed for grader.check" in grading    # pip's error, or the one line
+    install = source[:source.index("# grader.check")]
+    assert "otter" not in install and "xfam_grading" not in install, install
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_committed_student_folder_is_up_to_date(chapter, built):
     committed = ROOT / "exercises" / chapter / "student"

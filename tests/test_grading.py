@@ -138,7 +138,7 @@ def test_an_error_is_located_in_the_students_cell_not_in_the_tests_spy():
 
     with pytest.raises(AssertionError) as failed:
         check_cases("spied", params=[{"n": 4}], make_case=lambda p: {"x": torch.ones(p["n"], 4)},
-                    submission=submission, reference=lambda c: c["x"])
+                    submission=submission, reference=lambda c: c["x"], limit=300)
     assert "(in tiled, line 4 of its cell)" in str(failed.value), failed.value
 
 
