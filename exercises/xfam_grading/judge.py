@@ -41,7 +41,8 @@ def scan_notebook(cells: list[str], parts: list[str | None] | None, config: dict
     setup = config.get("setup_cell")
     parts = list(parts) if parts is not None else [None] * len(cells)
     allowed, resolve = allowlist(config.get("library", ())), off_limits_resolver(entries)
-    implied = set(expand_off_limits(config.get("implied_off_limits", {})))
+    implied = set(expand_off_limits(config.get("implied_off_limits", {}))) - set(expand_off_limits(
+        config.get("off_limits", {})))                  # names only implied, by no part named
 
     def resolve_static(dotted: str) -> list[str]:
         """A name only implied off limits and off the allowlist answers to the allowlist's rule (every part)."""

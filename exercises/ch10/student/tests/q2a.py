@@ -77,18 +77,23 @@ def test_q2a_public(reordered_block):
         norm1.load_state_dict(c['norm1'])
         norm2.load_state_dict(c['norm2'])
 
-        def merge(x, y):
-            return x + (torch.relu(y) if c['relu'] else y)
-
-        def layer(post_ln=False, causal=True):
-            x = c['x']
+        def post_ln():
             with torch.no_grad():
-                if post_ln:
-                    x = norm1(x + attn(x, causal=causal))
-                    return norm2(x + ff(x))
-                x = merge(x, attn(norm1(x), causal=causal))
-                return merge(x, ff(norm2(x)))
-        named = [('this is the Post-LN layer (LayerNorm after each residual sum); the reordering puts the LayerNorm on the branch input only: x + sublayer(LN(x))', {'post_ln': True}), ('the attention is not causal: pass causal=True, so that a position sees no later one', {'causal': False})]
-        return [why for why, mistake in named if torch.allclose(got, layer(**mistake), atol=1e-08)]
+                x = norm1(c['x'] + attn(c['x'], causal=True))
+                return norm2(x + ff(x))
+
+        def not_causal():
+            from xfam_lib.transformer import EncoderLayer
+            block = EncoderLayer(c['d'], c['heads'], c['d_ff'], norm_first=True).double().eval()
+            block.self_attn.load_state_dict(c['attn'])
+            block.ff.load_state_dict(c['ff'])
+            block.norm1.load_state_dict(c['norm1'])
+            block.norm2.load_state_dict(c['norm2'])
+            with torch.no_grad():
+                return block(c['x'])
+        named = [('this is the Post-LN layer (LayerNorm after each residual sum); the reordering puts the LayerNorm on the branch input only: x + sublayer(LN(x))', post_ln)]
+        if not c['relu']:
+            named.append(('the attention is not causal: pass causal=True, so that a position sees no later one', not_causal))
+        return [why for why, mistake in named if torch.allclose(got, mistake(), atol=1e-08)]
     check_cases('small layers', params=[{'B': 2, 'L': 5, 'd': 8, 'heads': 2, 'd_ff': 16, 'relu': False, 'x scale': 1.0}, {'B': 1, 'L': 6, 'd': 6, 'heads': 3, 'd_ff': 12, 'relu': True, 'x scale': 1.0}], make_case=make_case, submission=submission, reference=reference, compare=compare)
 

@@ -62,14 +62,12 @@ def test_q2b_public(gated_block):
         for name, module in m.items():
             module.double().eval().load_state_dict(c[name])
 
-        def layer(swapped=False, causal=True):
-
-            def gate(g, x, y):
-                return g(y, x) if swapped else g(x, y)
+        def swapped():
             with torch.no_grad():
-                x = gate(m['gate1'], c['x'], torch.relu(m['attn'](m['norm1'](c['x']), causal=causal)))
-                return gate(m['gate2'], x, torch.relu(m['ff'](m['norm2'](x))))
-        named = [("the gates' arguments are swapped: gate(x, y) takes the stream x first, then the sub-layer's output y", {'swapped': True}), ('the attention is not causal: pass causal=True, so that a position sees no later one', {'causal': False})]
-        return [why for why, mistake in named if torch.allclose(got, layer(**mistake), atol=1e-08)]
+                y = torch.relu(m['attn'](m['norm1'](c['x']), causal=True))
+                x = m['gate1'](y, c['x'])
+                return m['gate2'](torch.relu(m['ff'](m['norm2'](x))), x)
+        named = [("the gates' arguments are swapped: gate(x, y) takes the stream x first, then the sub-layer's output y", swapped)]
+        return [why for why, mistake in named if torch.allclose(got, mistake(), atol=1e-08)]
     check_cases('small layers', params=[{'B': 2, 'L': 5, 'd': 8, 'heads': 2, 'd_ff': 16, 'b_g': 2.0}, {'B': 1, 'L': 6, 'd': 6, 'heads': 3, 'd_ff': 12, 'b_g': 0.0}], make_case=make_case, submission=submission, reference=reference, compare=compare)
 

@@ -47,8 +47,8 @@ def test_q4a_public(reinforce_loss):
             values = c['values'].clone().requires_grad_()
             g = c['rewards'].flip(-1).cumsum(-1).flip(-1)
             logp = logits.log_softmax(-1).gather(-1, c['actions'].unsqueeze(-1)).squeeze(-1)
-            advantage = g - values
-            value = -(logp * (advantage.detach() if baseline else g)).mean() + 0.5 * advantage.pow(2).mean()
+            weight = (g - values).detach() if baseline else g
+            value = -(logp * weight).mean() + 0.5 * (g - values).pow(2).mean()
             return [value.detach(), *torch.autograd.grad(value, (logits, values))]
         if not isinstance(got, dict):
             return []
