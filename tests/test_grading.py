@@ -577,6 +577,34 @@ def test_a_tripwire_on_a_class_covers_its_methods():
         guard.uninstall()
 
 
+def test_the_audit_hook_refuses_reading_or_recompiling_the_library_from_student_code():
+    """The runner's audit hook: the student's code may not read a library source file, compile code under
+    a real file's name, or re-run library-named code; its own import of runpy is flagged, torch's or
+    Triton's imports are not. (The hook stays installed in this process; it answers for no guard after.)"""
+    import xfam_lib.attention as A
+    from xfam_grading import guard as guard_module
+
+    guard = _guarded({})
+    student = {"path": A.__file__}
+    source = ("import runpy, importlib\n"
+              "def read():\n    return open(path).read()\n"
+              "def forge():\n    return compile('x = 1', path, 'exec')\n"
+              "def rerun():\n    return runpy.run_path(path)\n"
+              "def honest():\n    return compile('x = 1', '<mine>', 'exec')\n")
+    try:
+        guard_module.audit_with(guard)
+        exec(compile(source, "<cell 1>", "exec"), student)
+        exec(compile("import triton\n", "<cell 2>", "exec"), {})
+        for name in ("read", "forge", "rerun"):
+            with pytest.raises(PermissionError):
+                student[name]()
+        assert student["honest"]() is not None
+        assert guard.flags == ["imports runpy while it runs (runs or resolves code by name)"], guard.flags
+    finally:
+        guard_module._AUDIT["guard"] = None
+        guard.uninstall()
+
+
 def test_off_limits_are_closed_under_the_librarys_own_calls():
     """reinforce_loss computes returns_to_go: with returns_to_go off limits, so is reinforce_loss,
     unless the notebook was given it; an implied name off the allowlist still costs every part."""

@@ -577,6 +577,15 @@ def _student_on_stack(guard: "_Guard") -> bool:
     return _student_frames(sys._getframe(2), guard.library)
 
 
+def _imported_by_student(guard: "_Guard") -> bool:
+    """Whether the import being audited is the student's own statement (not torch's or Triton's import)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(("<frozen importlib", os.path.dirname(
+            importlib.__file__))):
+        frame = frame.f_back
+    return frame is not None and id(frame.f_code) not in guard.library and not is_neutral(frame.f_code.co_filename)
+
+
 def _audit(event: str, args: tuple) -> None:
     """Refuse, from the student's code, reading the library's files, compiling code under a real file
     name or code that is the library's source, and running library-named code that is not the library's;
@@ -611,7 +620,7 @@ def _audit(event: str, args: tuple) -> None:
         filename = args[1] if len(args) > 1 and isinstance(args[1], str) else "<unknown>"
         if not filename.startswith("<") and _student_on_stack(guard):
             raise PermissionError(f"a submission may not make code objects under a file's name ({filename})")
-    elif isinstance(args[0], str) and args[0].split(".")[0] in FLAGGED_MODULES and _student_on_stack(guard):
+    elif isinstance(args[0], str) and args[0].split(".")[0] in FLAGGED_MODULES and _imported_by_student(guard):
         text = f"imports {args[0]} while it runs (runs or resolves code by name)"
         if text not in guard.flags:
             guard.flags.append(text)
