@@ -74,9 +74,10 @@ lock:
 test-tritons: $(STAMP)
 	bash scripts/test_tritons.sh $(TRITONS)
 
-## make colab-twin: every chapter and student exercise notebook alone in a venv of Colab's versions (requirements-colab.txt)
+## make colab-twin [TWIN_PYTHON=python3.13]: every chapter and student exercise notebook alone in a venv of Colab's
+## versions (requirements-colab.txt); run by python3 (3.11 or newer)
 colab-twin:
-	bash scripts/colab_twin.sh
+	$(or $(PYTHON),python3) scripts/colab_twin.py
 
 clean:
 	rm -rf _build
