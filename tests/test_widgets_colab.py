@@ -4,13 +4,16 @@ Colab keeps its ipywidgets 7.7.1 (and IPython 7.34, ipykernel 6.17) whatever a n
 the pins have ipywidgets 8. Each case runs a small notebook through nbclient: an
 ``interactive_figure`` whose control is then moved, and ``train_loop``'s progress bar (drawn
 once a run has lasted ``PROGRESS_DELAY_S``, then removed). The Colab
-case installs ``requirements-colab.txt`` with ``pip install --no-deps --target`` and puts that
-folder first on the kernel's path (this machine's Python is 3.11; Colab's is 3.12).
+case installs Colab's versions of the display packages (``COLAB_DISPLAY``, read from Colab's
+listing ``requirements-colab.txt``) with ``pip install --no-deps --target`` and puts that folder
+first on the kernel's path (this Python may not be Colab's; ``make colab-twin`` runs the whole
+book under Colab's Python and versions).
 """
 from __future__ import annotations
 
 import base64
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -22,6 +25,9 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
 COLAB_PINS = ROOT / "requirements-colab.txt"
+# the packages that drive a notebook's widgets and displays, with what IPython 7 and ipywidgets 7 import
+COLAB_DISPLAY = ("ipywidgets", "widgetsnbextension", "jupyterlab-widgets", "ipython-genutils", "ipykernel",
+                 "ipython", "backcall", "pickleshare", "nest-asyncio", "decorator")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 CELLS = [
@@ -71,8 +77,11 @@ print("quick", len(quick))""",
 def colab_site(tmp_path_factory) -> Path:
     """A folder holding Colab's versions of the display packages (``requirements-colab.txt``)."""
     site = tmp_path_factory.mktemp("colab-site")
+    pins = [line.strip() for line in COLAB_PINS.read_text(encoding="utf-8").splitlines()
+            if re.sub(r"[-_.]+", "-", line.split("==")[0].lower()) in COLAB_DISPLAY]
+    assert len(pins) == len(COLAB_DISPLAY), f"{COLAB_PINS.name} lacks some of {COLAB_DISPLAY}: {pins}"
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-           "--target", str(site), "-r", str(COLAB_PINS)]
+           "--target", str(site), *pins]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, f"could not install {COLAB_PINS.name}:\n{result.stderr[-2000:]}"
     return site
