@@ -32,8 +32,9 @@ def _import_kernels(module: str):
     except ImportError as err:
         if err.name is None or not err.name.startswith("triton"):
             raise
-        raise ImportError("xfam_lib.kernels needs Triton, which is not installed: "
-                          "pip install triton==3.9.0 (Linux)") from err
+        raise ImportError("xfam_lib.kernels needs Triton, which is not installed: on Linux, "
+                          "pip install the triton your torch requires (torch 2.13's CUDA build: "
+                          "triton==3.7.1; any of 3.6-3.9 runs the kernels)") from err
 
 
 def _check_device(name: str, device: torch.device, dtype: torch.dtype, interpreted: bool) -> None:
