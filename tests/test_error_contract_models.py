@@ -164,6 +164,9 @@ BAD = [
     ("copy_from_torch_layer, a Linear", lambda: testing.copy_from_torch_layer(T.EncoderLayer(8, 2, 16),
                                                                              torch.nn.Linear(2, 2)),
      TypeError, "theirs must be an instance"),
+    ("copy_from_torch_layer, an encoder layer for a decoder one",
+     lambda: testing.copy_from_torch_layer(T.EncoderLayer(8, 2, 16), torch.nn.TransformerDecoderLayer(8, 2, 16)),
+     TypeError, "ours must be a decoder layer"),
     # caches shorter than the layers
     ("Decoder, cache of 0 layers", lambda: ED.decode(ids(), ED.encode(ids()), ids(), cache=[]),
      ValueError, "cache must hold one entry per layer (1"),

@@ -210,13 +210,17 @@ def copy_from_torch_mha(ours, theirs: torch.nn.MultiheadAttention) -> None:
 
 @torch.no_grad()
 def copy_from_torch_layer(ours, theirs) -> None:
-    """Copy an ``nn.TransformerEncoderLayer``/``nn.TransformerDecoderLayer`` into our `EncoderLayer`/`DecoderLayer`."""
-    from .transformer import DecoderLayer, EncoderLayer
-    check_instance("ours", ours, (EncoderLayer, DecoderLayer))
+    """Copy an ``nn.TransformerEncoderLayer``/``nn.TransformerDecoderLayer`` into a layer with the
+    attributes of our `EncoderLayer`/`DecoderLayer` (``self_attn``, ``ff``, ``norm1``...; a decoder also
+    ``cross_attn``): the library's layers, or a student's own with the same layout."""
     check_instance("theirs", theirs, (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer))
-    if isinstance(ours, DecoderLayer) != isinstance(theirs, torch.nn.TransformerDecoderLayer):
-        raise TypeError(f"ours and theirs must both be encoder or both decoder layers, got {type(ours).__name__} "
-                        f"and {type(theirs).__name__}")
+    decoder = isinstance(theirs, torch.nn.TransformerDecoderLayer)
+    needed = ("self_attn", "ff", "norm1", "norm2") + (("cross_attn", "norm3") if decoder else ())
+    missing = [name for name in needed if not hasattr(ours, name)]
+    if not isinstance(ours, torch.nn.Module) or missing:
+        raise TypeError(f"ours must be a {'decoder' if decoder else 'encoder'} layer with attributes "
+                        f"{', '.join(needed)} (as EncoderLayer/DecoderLayer have), got {type(ours).__name__}"
+                        + (f" without {', '.join(missing)}" if missing else ""))
     copy_from_torch_mha(ours.self_attn, theirs.self_attn)
     if hasattr(theirs, "multihead_attn"):
         copy_from_torch_mha(ours.cross_attn, theirs.multihead_attn)
