@@ -9,8 +9,8 @@ from torch import nn
 
 from ..attention import attention_with_lse, merge_partials, scaled_dot_product_attention
 from ..positional import apply_rope
-from ..utils import check_block_size, check_positive_int, check_qkv, check_tensor, compute_dtype, resolve_scale
-from ._checks import _check_nonneg_int
+from ..utils import (check_block_size, check_int, check_positive_int, check_qkv, check_tensor, compute_dtype,
+                     resolve_scale)
 from .masks import (_blockwise_size, _check_dca, _check_perm, _check_square_mask, _dca_parts, _dca_query_positions,
                     _global_indices, dca_position_matrix)
 
@@ -52,7 +52,7 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if k.shape[-2] != q.shape[-2]:
         raise ValueError(f"sliding_window_attention is self-attention and needs Lq == Lk, got q {tuple(q.shape)} "
                          f"and k {tuple(k.shape)}")
-    window = _check_nonneg_int("window", window)
+    window = check_int("window", window, low=0)
     scale = resolve_scale(scale, q.shape[-1])
     chunk = None if block_size is None else check_block_size("block_size", block_size)
     in_dtype = q.dtype
@@ -114,7 +114,7 @@ def longformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wind
     if k.shape[-2] != length:
         raise ValueError(f"longformer_attention is self-attention and needs Lq == Lk, got q {tuple(q.shape)} "
                          f"and k {tuple(k.shape)}")
-    window = _check_nonneg_int("window", window)
+    window = check_int("window", window, low=0)
     g = _global_indices(global_idx, length, q.device).nonzero().flatten()
     scale = resolve_scale(scale, q.shape[-1])
     in_dtype = q.dtype
@@ -232,7 +232,7 @@ class FactorizedSparseAttention(nn.Module):
             if m.shape != masks[0].shape:
                 raise ValueError(f"masks[{i}] has shape {tuple(m.shape)}, masks[0] {tuple(masks[0].shape)}")
         self.register_buffer("masks", torch.stack(masks), persistent=False)
-        self.n_heads, self.layer = n_heads, _check_nonneg_int("layer", layer)
+        self.n_heads, self.layer = n_heads, check_int("layer", layer, low=0)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
 

@@ -10,8 +10,8 @@ import numbers
 import torch
 
 from ..attention import causal_mask
-from ..utils import check_block_size, check_positive_int, check_tensor
-from ._checks import _check_nonneg_int, _check_part, _offsets
+from ..utils import check_block_size, check_int, check_positive_int, check_tensor
+from ._checks import _check_part, _offsets
 
 
 def sliding_window_mask(L: int, window: int, causal: bool = False, *,
@@ -22,7 +22,7 @@ def sliding_window_mask(L: int, window: int, causal: bool = False, *,
     (causal: ``window + 1``) True entries, so the mask has O(L · window) of them.
     """
     L = check_positive_int("L", L)
-    window = _check_nonneg_int("window", window)
+    window = check_int("window", window, low=0)
     lower = causal_mask(L, window=window, device=device)             # 0 <= i - j <= window
     return lower if causal else lower | lower.T
 
@@ -37,7 +37,7 @@ def dilated_mask(L: int, window: int, dilation: int, causal: bool = True, *,
     ``dilation = 1`` is `sliding_window_mask`.
     """
     L = check_positive_int("L", L)
-    window = _check_nonneg_int("window", window)
+    window = check_int("window", window, low=0)
     dilation = check_positive_int("dilation", dilation)
     rel = _offsets(L, device)
     span = rel if causal else rel.abs()
@@ -144,8 +144,8 @@ def sink_window_mask(L: int, n_sink: int, window: int, *,
     ``i - j <= window`` (itself and the ``window`` previous tokens).
     """
     L = check_positive_int("L", L)
-    n_sink = _check_nonneg_int("n_sink", n_sink)
-    window = _check_nonneg_int("window", window)
+    n_sink = check_int("n_sink", n_sink, low=0)
+    window = check_int("window", window, low=0)
     sinks = causal_mask(L, device=device) & (torch.arange(L, device=device) < n_sink)
     return causal_mask(L, window=window, device=device) | sinks
 
@@ -164,9 +164,9 @@ def bigbird_layout(n_blocks: int, n_window: int, n_random: int, n_global: int, s
     left to draw from, a ``ValueError`` says so.
     """
     n_blocks = check_positive_int("n_blocks", n_blocks)
-    n_window = _check_nonneg_int("n_window", n_window)
-    n_random = _check_nonneg_int("n_random", n_random)
-    n_global = _check_nonneg_int("n_global", n_global)
+    n_window = check_int("n_window", n_window, low=0)
+    n_random = check_int("n_random", n_random, low=0)
+    n_global = check_int("n_global", n_global, low=0)
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"seed must be an int, got {seed!r}")
     if n_global > n_blocks:
@@ -224,7 +224,7 @@ def receptive_field(mask: torch.Tensor, n_layers: int) -> torch.Tensor:
     ``i -> ... -> j`` of at most ``n`` mask edges exists. ``n_layers = 0`` is the identity.
     """
     mask = _check_square_mask(mask)
-    n_layers = _check_nonneg_int("n_layers", n_layers)
+    n_layers = check_int("n_layers", n_layers, low=0)
     step = (mask | torch.eye(mask.shape[0], dtype=torch.bool, device=mask.device)).float()
     reach = torch.eye(mask.shape[0], device=mask.device)
     for _ in range(n_layers):
@@ -268,7 +268,7 @@ def local1d_mask(L: int, q_block: int, mem_len: int, *, device: torch.device | s
     """
     L = check_positive_int("L", L)
     q_block = check_positive_int("q_block", q_block)
-    mem_len = _check_nonneg_int("mem_len", mem_len)
+    mem_len = check_int("mem_len", mem_len, low=0)
     pos = torch.arange(L, device=device)
     start = (pos // q_block) * q_block
     return (pos[None, :] <= pos[:, None]) & (pos[None, :] >= (start - mem_len)[:, None])
@@ -284,7 +284,7 @@ def local2d_mask(H: int, W: int, q_h: int, q_w: int, ext_h: int, ext_w: int, *,
     """
     H, W = check_positive_int("H", H), check_positive_int("W", W)
     q_h, q_w = check_positive_int("q_h", q_h), check_positive_int("q_w", q_w)
-    ext_h, ext_w = _check_nonneg_int("ext_h", ext_h), _check_nonneg_int("ext_w", ext_w)
+    ext_h, ext_w = check_int("ext_h", ext_h, low=0), check_int("ext_w", ext_w, low=0)
     pos = torch.arange(H * W, device=device)
     row, col = pos // W, pos % W
     top, left = (row // q_h) * q_h, (col // q_w) * q_w                 # corner of the query's block
@@ -349,7 +349,7 @@ def etc_masks(segment_ids, radius: int, *, device: torch.device | str | None = N
     if int(seg.min()) < 0:
         raise ValueError(f"segment_ids must be >= 0, got min {int(seg.min())}")
     seg = seg.long().to(device)
-    radius = _check_nonneg_int("radius", radius)
+    radius = check_int("radius", radius, low=0)
     n_g = int(seg.max()) + 1
     g2l = torch.arange(n_g, device=seg.device)[:, None] == seg[None, :]
     parts = {"g2g": torch.ones(n_g, n_g, dtype=torch.bool, device=seg.device), "g2l": g2l,
@@ -373,7 +373,7 @@ def mask_to_bias(mask: torch.Tensor, C: float = 1e4) -> torch.Tensor:
 def _check_dca(pretrain_len, chunk, local_window):
     pretrain_len = check_positive_int("pretrain_len", pretrain_len)
     chunk = check_positive_int("chunk", chunk)
-    local_window = _check_nonneg_int("local_window", local_window)
+    local_window = check_int("local_window", local_window, low=0)
     if local_window > chunk or chunk + local_window > pretrain_len:
         raise ValueError(f"need local_window <= chunk and chunk + local_window <= pretrain_len (so every relative "
                          f"position stays below pretrain_len), got pretrain_len={pretrain_len}, chunk={chunk}, "
