@@ -4,7 +4,9 @@ Each kernel is looked up by name, so the script runs with any library version (a
 lacks is reported as such). Correctness first: the kernel's output and the gradients of ``q, k, v``
 (``u`` for the scan) for one random cotangent, against the library's PyTorch form run in fp64 on the
 same rounded inputs, within `assert_close`'s tolerance for the dtype (the scan: the book's 1e-3
-relative scan tolerance); the field's kernel is held to the same reference. Then median forward and
+relative scan tolerance; the chunked GLA kernels, whose products take bf16 operands: that tolerance
+relative to the sums of their terms' sizes, `assert_close_terms`); the field's kernel is held to the
+same reference. Then median forward and
 forward+backward times (`triton.testing.do_bench`; the inputs require gradients, as in training) and
 the ratios against the targets, on an H100:
 
@@ -70,7 +72,7 @@ from xfam_lib import kernels
 from xfam_lib.attention import scaled_dot_product_attention, tiled_attention
 from xfam_lib.linear import gated_linear_attention
 from xfam_lib.ssm import selective_scan
-from xfam_lib.testing import assert_close
+from xfam_lib.testing import assert_close, assert_close_terms
 
 
 def fla_op(op: str, name: str, device: torch.device):
@@ -114,25 +116,34 @@ class Bench:
         self.device = device
         self.row = {"kernel": kernel, "correct": {}, "ms": {}, "checks": []}
 
-    def compare(self, what: str, got: torch.Tensor, want: torch.Tensor, **tol) -> None:
+    def compare(self, what: str, got: torch.Tensor, want: torch.Tensor, sizes=None, **tol) -> None:
+        """``got`` against ``want`` (`assert_close`; with ``sizes``, the sums of the terms' sizes,
+        `assert_close_terms`); the verdict goes into the row."""
         try:
-            assert_close(got.detach().cpu(), want.detach().cpu(), name=what, **tol)
+            if sizes is None:
+                assert_close(got.detach().cpu(), want.detach().cpu(), name=what, **tol)
+            else:
+                assert_close_terms(got, want, sizes, name=what)
             self.row["correct"][what] = "ok"
         except AssertionError as err:
             self.row["correct"][what] = str(err)[:600]
         print(f"  {what}: {self.row['correct'][what][:200]}", flush=True)
 
-    def run(self, forms: dict, ref, ref_grads, names, tag="", tol=None) -> None:
-        """Check every form against ``ref`` (output, then each gradient in ``names``), then time it."""
+    def run(self, forms: dict, ref, ref_grads, names, tag="", tol=None, sizes=None) -> None:
+        """Check every form against ``ref`` (output, then each gradient in ``names``; ``sizes``: the
+        output's and the gradients' sums of the terms' sizes, for products rounded to half precision),
+        then time it."""
         tol = tol or (lambda want: {})
+        sizes = sizes or [None] * (1 + len(ref_grads))
         for name, f in forms.items():
             if not f.check:
                 continue
             out = f.fn()
-            self.compare(f"{name} output{tag}", f.back(out), ref, **tol(ref))
+            self.compare(f"{name} output{tag}", f.back(out), ref, sizes[0], **tol(ref))
             if out.requires_grad:
-                for g_name, got, want in zip(names, torch.autograd.grad(out, f.inputs, f.cot), ref_grads):
-                    self.compare(f"{name} {g_name}{tag}", f.back(got), want, **tol(want))
+                for g_name, got, want, size in zip(names, torch.autograd.grad(out, f.inputs, f.cot), ref_grads,
+                                                   sizes[1:]):
+                    self.compare(f"{name} {g_name}{tag}", f.back(got), want, size, **tol(want))
         for name, f in forms.items():
             self.time(name + tag, f)
 
@@ -213,7 +224,12 @@ def bench_gla(b: Bench, kernel, shape, scalar: bool) -> None:
     ref_in = on(b.device, torch.float64, x["q"], x["k"], x["v"], grad=True)
     ref = gated_linear_attention(*ref_in, full_gate(log_g.double().to(b.device)), mode="chunk")
     ref_grads = torch.autograd.grad(ref, ref_in, x["cot"].to(b.device))
-    del ref_in
+    # the same sums over absolute values (every decay is positive): the sizes of their terms, which
+    # set the error of products whose operands are rounded to bf16 (tensor cores; fla's too)
+    abs_in = on(b.device, torch.float64, x["q"].abs(), x["k"].abs(), x["v"].abs(), grad=True)
+    size = gated_linear_attention(*abs_in, full_gate(log_g.double().to(b.device)), mode="chunk")
+    sizes = [size.detach(), *torch.autograd.grad(size, abs_in, x["cot"].abs().to(b.device))]
+    del ref_in, abs_in
     ins = on(b.device, dtype, x["q"], x["k"], x["v"], grad=True)
     cot, g = x["cot"].to(b.device, dtype), log_g.to(b.device)
     g_lib = full_gate(g).to(dtype)
@@ -230,7 +246,7 @@ def bench_gla(b: Bench, kernel, shape, scalar: bool) -> None:
         b.row["field_fn"] = f"{field.__module__}.{field.__name__}"
     if kernel is not None:
         forms = {f"xfam_{name}": Form(lambda: kernel(*ins, g), ins, cot), **forms}
-    b.run(forms, ref, ref_grads, ("dq", "dk", "dv"))
+    b.run(forms, ref, ref_grads, ("dq", "dk", "dv"), sizes=sizes)
     if kernel is not None:
         for part in ("fwd", "fwd_bwd"):
             b.ratio(f"{name} / fla {name}, {part}, {tuple(shape)} bf16", f"xfam_{name}", "fla", part,

@@ -29,7 +29,7 @@ from xfam_lib import kernels
 from xfam_lib.attention import scaled_dot_product_attention
 from xfam_lib.kernels import chunk_gla, chunk_simple_gla, flash_attention
 from xfam_lib.linear import gated_linear_attention
-from xfam_lib.testing import assert_close, grads, randn, tolerance_for
+from xfam_lib.testing import assert_close, assert_close_terms, grads, randn, tolerance_for
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -287,15 +287,15 @@ def check_gated_kernel(kernel, inputs, dtype, device, gen, per_key):
     out, state = kernel(*ker_in[:4], initial_state=ker_in[4] if with_state else None,
                         return_final_state=True)
     assert out.dtype == dtype and state.dtype == torch.float32
-    assert_close_terms(out, ref, size_out, dtype, "output")
-    assert_close_terms(state, ref_state, size_state, dtype, "final state")
+    assert_close_terms(out, ref, size_out, dtype=dtype, name="output")
+    assert_close_terms(state, ref_state, size_state, dtype=dtype, name="final state")
     loss = (out * cot.to(device)).sum() + (state * cot_state.to(device, torch.float32)).sum()
     ker_grads = torch.autograd.grad(loss, ker_in)
     for name, got, want, size in zip(("dq", "dk", "dv", "dlog_g", "d_initial_state"),
                                      ker_grads, ref_grads, size_grads):
         assert got.dtype == (torch.float32 if name == "d_initial_state" else dtype), name
         if name != "dlog_g":
-            assert_close_terms(got, want, size, dtype, name)
+            assert_close_terms(got, want, size, dtype=dtype, name=name)
     q, k = ref_in[:2]
     dq, dk = ref_grads[:2]
     with torch.no_grad():
@@ -304,18 +304,6 @@ def check_gated_kernel(kernel, inputs, dtype, device, gen, per_key):
         assert_close_d_log_g(ker_grads[3], ref_grads[3], terms, time_dim=-2)
     else:
         assert_close_d_log_g(ker_grads[3], ref_grads[3], terms.sum(-1), time_dim=-1)
-
-
-def assert_close_terms(got, want, sizes, dtype, name):
-    """``got`` within ``dtype``'s tolerance of ``want``, relative to ``|want| + sizes``: a sum
-    of products rounded to ``dtype`` is accurate to a few units of the dtype times the sum of
-    its terms' sizes (the classic bound for a dot product), which may far exceed the sum."""
-    atol, rtol = tolerance_for(torch.empty(0, dtype=dtype))
-    error = (got.detach().cpu().double() - want.detach()).abs()
-    allowed = atol + rtol * (want.detach().abs() + sizes.detach())
-    assert torch.isfinite(got).all() and (error <= allowed).all(), (
-        f"{name}: worst error/allowed {(error / allowed).max():.3g}, max error "
-        f"{error.max():.3g}")
 
 
 def check_simple_gla(lead, length, d_k, d_v, max_decay, with_state, dtype, device=DEVICE,

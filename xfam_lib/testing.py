@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_TOLERANCES",
     "tolerance_for",
     "assert_close",
+    "assert_close_terms",
     "check_causal",
     "check_permutation_equivariance",
     "jacobian",
@@ -125,6 +126,21 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | 
         f"{e[idx].item():.6g} (error {diff[idx].item():.3e}, allowed {allowed[idx].item():.3e}); "
         f"max abs error {float(diff.max()):.3e}, {relative}; {where}"
     )
+
+
+def assert_close_terms(actual: torch.Tensor, expected: torch.Tensor, sizes: torch.Tensor, *,
+                       dtype: torch.dtype | None = None, name: str = "tensor") -> None:
+    """Like `assert_close`, but relative to ``|expected| + sizes``: a sum of products whose operands
+    were rounded to ``dtype`` (default ``actual.dtype``; fp16/bf16 tiles on tensor cores) is accurate
+    to a few units of the dtype times the sum of its terms' sizes (the classic bound for a dot
+    product), which may far exceed the sum itself. ``sizes``: the same sums over absolute values,
+    shaped like ``expected``."""
+    atol, rtol = tolerance_for(torch.empty(0, dtype=dtype or actual.dtype))
+    error = (actual.detach().cpu().double() - expected.detach().cpu().double()).abs()
+    allowed = atol + rtol * (expected.detach().cpu().double().abs() + sizes.detach().cpu().double())
+    if not (torch.isfinite(actual).all() and (error <= allowed).all()):
+        raise AssertionError(f"{name}: worst error/allowed {(error / allowed).max():.3g}, max error "
+                             f"{error.max():.3g} (tolerance relative to |expected| + the terms' sizes)")
 
 
 def check_causal(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, position: int | None = None,

@@ -33,8 +33,8 @@ def _import_kernels(module: str):
         if err.name is None or not err.name.startswith("triton"):
             raise
         raise ImportError("xfam_lib.kernels needs Triton, which is not installed: on Linux, "
-                          "pip install the triton your torch requires (torch 2.13's CUDA build: "
-                          "triton==3.7.1; any of 3.6-3.9 runs the kernels)") from err
+                          "pip install triton (the version your torch requires: 3.7.1 for torch "
+                          "2.13's CUDA build; the kernels run on 3.6 to 3.9)") from err
 
 
 def _check_device(name: str, device: torch.device, dtype: torch.dtype, interpreted: bool) -> None:
