@@ -135,6 +135,32 @@ def test_train_arena_returns_the_trained_model_on_request_M11_1():
     assert ((pred == targets) & keep).sum().item() / keep.sum().item() == result["accuracy"]
 
 
+def test_train_arena_early_stopping_M11_2():
+    """With ``patience`` the run stops once the validation loss (its own fixed batch) has not improved
+    for that many evaluations, and the model tested and returned is the best evaluation's; scoring the
+    validation batch does not change the training trajectory."""
+    kwargs = dict(steps=60, batch=8, d_model=16, n_layers=1, eval_batch=32, seed=1, lr=3e-2)
+    plain = train_arena("softmax", "mqar", 2, **kwargs)
+    # min_delta larger than any step's gain: the first evaluation stays the best, patience 2 stops at 30
+    early = train_arena("softmax", "mqar", 2, patience=2, eval_every=10, min_delta=100.0, return_model=True,
+                        **kwargs)
+    assert early["steps_run"] == 30 and early["best_step"] == 10 and len(early["val"]) == 3
+    assert early["losses"] == plain["losses"][:30]
+    ids, targets = mqar(32, 2, 4 * 2 + 2, generator=torch.Generator().manual_seed(20_000 + 1))
+    with torch.no_grad():
+        logits = early["model"](ids)
+    val_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=PAD)
+    assert val_loss.item() == pytest.approx(early["val"][0][1], rel=1e-6)   # the step-10 model, not step 30's
+    assert val_loss.item() != pytest.approx(early["val"][-1][1], rel=1e-3)
+    full = train_arena("softmax", "mqar", 2, patience=100, eval_every=7, min_delta=0.0, **kwargs)
+    assert full["steps_run"] == 60 and full["losses"] == plain["losses"]
+    assert [s for s, *_ in full["val"]] == [7, 14, 21, 28, 35, 42, 49, 56, 60]
+    best = min(full["val"], key=lambda v: v[1])
+    assert full["best_step"] == best[0]
+    with pytest.raises(ValueError, match="patience"):
+        train_arena("softmax", "mqar", 2, patience=0, **kwargs)
+
+
 def _sweep(tmp_path, name, launcher):
     out = tmp_path / f"{name}.json"
     cmd = launcher + [str(ROOT / "benchmarks" / "arena_sweep.py"), "--families", "gla", "--sizes", "4",

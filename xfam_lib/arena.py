@@ -40,6 +40,7 @@ loss is a mean over its own answers); `check_equal_answer_counts` checks it at e
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Callable
 
@@ -415,6 +416,16 @@ def check_equal_answer_counts(targets: torch.Tensor, world: int) -> None:
                          f"{world} slices of targets {tuple(targets.shape)} have {counts.tolist()}")
 
 
+def _score(model: ArenaLM, ids: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` (put in eval mode) over the answer positions."""
+    with torch.no_grad():
+        logits = model.eval()(ids)
+    keep = targets != PAD
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=PAD)
+    accuracy = ((logits.argmax(-1) == targets) & keep).sum().item() / keep.sum().item()
+    return loss.item(), accuracy
+
+
 def _rank_and_world() -> tuple[int, int]:
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
@@ -425,7 +436,8 @@ def _rank_and_world() -> tuple[int, int]:
 def train_arena(family: str, task: str = "mqar", size: int = 8, *, vocab: int | None = None, d_model: int = 32,
                 n_layers: int = 2, steps: int = 200, batch: int = 32, lr: float = 3e-3, seed: int = 0,
                 eval_batch: int = 256, device: torch.device | str = "cpu", return_model: bool = False,
-                **model_kwargs) -> dict:
+                patience: int | None = None, eval_every: int = 100, min_delta: float = 1e-3,
+                warmup: int | None = None, **model_kwargs) -> dict:
     """Train an `ArenaLM` of ``family`` on ``task`` (a key of `TASKS`; ``size`` is the number of pairs
     for mqar, of data tokens for selective copying, the length for induction heads).
 
@@ -435,12 +447,24 @@ def train_arena(family: str, task: str = "mqar", size: int = 8, *, vocab: int | 
     (fresh sequences, seed 10_000 + seed), "losses" (global mean per step), "params", "state_bytes"
     (after the eval sequence length), "seq_len"}``, plus ``"model"`` (the trained `ArenaLM`, in eval mode)
     when ``return_model`` is true.
+
+    Early stopping: with ``patience``, ``steps`` is a cap. Every ``eval_every`` steps the model is scored
+    on a fixed validation batch of ``eval_batch`` sequences (seed 20_000 + seed, apart from the training
+    and test draws); training stops after ``patience`` evaluations that do not lower the best validation
+    loss by more than ``min_delta`` (nats), and the model of the best evaluation is tested and returned. The result then also holds
+    ``"val"`` (one ``(step, loss, accuracy)`` per evaluation), ``"best_step"`` and ``"steps_run"``.
+    ``warmup`` (default: a tenth of ``steps``) is the length of the linear learning-rate warm-up.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
     batch, steps = check_positive_int("batch", batch), check_positive_int("steps", steps)
     size, eval_batch = check_positive_int("size", size), check_positive_int("eval_batch", eval_batch)
     lr = check_real("lr", lr, low=0.0, low_open=True)
+    eval_every = check_positive_int("eval_every", eval_every)
+    min_delta = check_real("min_delta", min_delta, low=0.0)
+    if patience is not None:
+        patience = check_positive_int("patience", patience)
+    warmup = max(1, steps // 10) if warmup is None else check_positive_int("warmup", warmup)
     rank, world = _rank_and_world()
     if batch % world:
         raise ValueError(f"batch={batch} must be divisible by the number of processes ({world})")
@@ -453,11 +477,13 @@ def train_arena(family: str, task: str = "mqar", size: int = 8, *, vocab: int | 
     if world > 1:
         trained = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    warmup = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     local = batch // world
-    losses = []
-    for _ in range(check_positive_int("steps", steps)):
+    losses, val, best = [], [], None
+    if patience is not None:
+        val_ids, val_targets = TASKS[task](eval_batch, size, vocab, torch.Generator().manual_seed(20_000 + seed),
+                                           device)
+    for step in range(1, steps + 1):
         ids, targets = TASKS[task](batch, size, vocab, gen, device)            # the same global batch on every rank
         if world > 1:
             check_equal_answer_counts(targets, world)
@@ -474,13 +500,24 @@ def train_arena(family: str, task: str = "mqar", size: int = 8, *, vocab: int | 
             dist.all_reduce(mean)
             mean /= world
         losses.append(mean.item())
+        if patience is not None and (step % eval_every == 0 or step == steps):
+            val_loss, val_acc = _score(model, val_ids, val_targets)
+            model.train()
+            val.append((step, val_loss, val_acc))
+            if best is None or val_loss < best[1] - min_delta:
+                best, since_best = (step, val_loss, copy.deepcopy(model.state_dict())), 0
+            else:
+                since_best += 1
+                if since_best == patience:
+                    break
+    if best is not None:
+        model.load_state_dict(best[2])
     ids, targets = TASKS[task](eval_batch, size, vocab, torch.Generator().manual_seed(10_000 + seed), device)
-    with torch.no_grad():
-        pred = model.eval()(ids).argmax(-1)
-    keep = targets != PAD
-    result = {"accuracy": ((pred == targets) & keep).sum().item() / keep.sum().item(), "losses": losses,
-              "params": count_params(model), "state_bytes": decode_state_bytes(model, ids.shape[1]),
-              "seq_len": ids.shape[1]}
+    _, accuracy = _score(model, ids, targets)
+    result = {"accuracy": accuracy, "losses": losses, "params": count_params(model),
+              "state_bytes": decode_state_bytes(model, ids.shape[1]), "seq_len": ids.shape[1]}
+    if best is not None:
+        result.update(val=val, best_step=best[0], steps_run=len(losses))
     if return_model:
         result["model"] = model
     return result
