@@ -351,6 +351,30 @@ def test_lr_window_script_trains_as_the_protocol_does_M11_6(tmp_path):
         assert r["loss_last"] < r["loss_first"]
 
 
+@pytest.mark.slow
+def test_converged_sweep_chooses_the_rate_on_validation_and_resumes_M11_6(tmp_path):
+    """``experiments/arena_converged.py --quick``: seed 0 at every rate of every point, the other seed at
+    the rate whose seed-0 run reached the lowest validation loss (never the test accuracy), every run
+    stopped early or at the cap with its validation curve; ``--resume`` keeps them and trains none again."""
+    out = tmp_path / "converged.json"
+    cmd = [sys.executable, str(ROOT / "experiments" / "arena_converged.py"), "--quick", "--families", "softmax",
+           "--out", str(out)]
+    env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=300, env=env)
+    result = json.loads(out.read_text())
+    cfg, runs = result["config"], result["runs"]
+    pts = {(r["pairs"], r["d_model"]) for r in runs}
+    assert result["complete"] and len(pts) == 2 and len(runs) == len(pts) * (len(cfg["lrs"]) + 1)
+    for pt in pts:
+        first = [r for r in runs if (r["pairs"], r["d_model"], r["seed"]) == (*pt, 0)]
+        other = [r for r in runs if (r["pairs"], r["d_model"], r["seed"]) == (*pt, 1)]
+        assert sorted(r["lr"] for r in first) == sorted(cfg["lrs"]) and len(other) == 1
+        assert other[0]["lr"] == min(first, key=lambda r: min(v[1] for v in r["val"]))["lr"]
+    assert all(r["steps_run"] <= cfg["max_steps"] and r["val"][-1][0] == r["steps_run"] for r in runs)
+    subprocess.run(cmd + ["--resume"], check=True, cwd=ROOT, capture_output=True, timeout=300, env=env)
+    assert json.loads(out.read_text())["runs"] == runs
+
+
 def test_saved_lr_window_runs_are_complete_and_match_the_protocol_M11_6():
     """Chapter 11's Figure 11.3d reads these runs: every family at every learning rate and seed exactly once, at
     the protocol's learning-rate point, and each run starting where the protocol's run with that seed starts."""
