@@ -405,6 +405,49 @@ def mqar(batch: int, n_pairs: int, vocab: int, *, n_queries: int | None = None,
     return inputs.to(device), targets.to(device)
 
 
+__all__ += ["mqar_zoology"]
+
+
+def mqar_zoology(batch: int, n_pairs: int, vocab: int, seq_len: int, *, power_a: float = 0.01,
+                 generator: torch.Generator | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MQAR in the form of Zoology's own generator (Arora et al. 2024, ``multiquery_ar``), M11.2.
+
+    ``inputs, targets (batch, seq_len)``: ``k1 v1 ... kn vn`` first, keys and values each distinct within
+    a row (keys from the lower half of the data tokens, values from the upper half), then a stretch of
+    ``seq_len - 2 n_pairs`` tokens in which every key is asked once. Query ``j`` sits at an even offset
+    ``2 g_j`` into the stretch; the slots ``g`` are drawn without replacement with probability
+    proportional to ``g ** (power_a - 1)`` (``g = 1, 2, ...``), so with Zoology's ``power_a = 0.01`` most
+    queries come soon after the pairs and a few far later. Every other position of the stretch is a
+    random token of the whole vocabulary (noise). ``targets`` is ``PAD`` except at each query, where it
+    is the key's value. Zoology uses vocabularies of several thousand tokens: with a small one the noise
+    repeats the keys often.
+    """
+    for name, value in (("batch", batch), ("n_pairs", n_pairs), ("vocab", vocab), ("seq_len", seq_len)):
+        check_positive_int(name, value)
+    power_a = check_real("power_a", power_a, low=0.0, low_open=True)
+    slots = (seq_len - 2 * n_pairs) // 2
+    if slots < n_pairs:
+        raise ValueError(f"seq_len={seq_len} leaves {slots} query slots after n_pairs={n_pairs} pairs, "
+                         f"fewer than the {n_pairs} queries")
+    n_data = vocab - N_SPECIAL
+    n_keys = n_data // 2
+    if n_keys < n_pairs or n_data - n_keys < n_pairs:
+        raise ValueError(f"vocab={vocab} leaves {n_keys} key and {n_data - n_keys} value tokens, fewer than "
+                         f"n_pairs={n_pairs}")
+    draw = lambda n, k: torch.stack([torch.randperm(n, generator=generator)[:k] for _ in range(batch)])
+    keys = draw(n_keys, n_pairs) + N_SPECIAL
+    values = draw(n_data - n_keys, n_pairs) + N_SPECIAL + n_keys
+    weights = torch.arange(1, slots + 1, dtype=torch.float64) ** (power_a - 1)
+    gaps = torch.multinomial(weights.expand(batch, slots), n_pairs, replacement=False, generator=generator)
+    inputs = torch.randint(N_SPECIAL, vocab, (batch, seq_len), generator=generator)   # the noise
+    targets = torch.full((batch, seq_len), PAD, dtype=torch.long)
+    inputs[:, 0 : 2 * n_pairs : 2], inputs[:, 1 : 2 * n_pairs : 2] = keys, values
+    where = 2 * n_pairs + 2 * gaps
+    inputs.scatter_(1, where, keys)
+    targets.scatter_(1, where, values)
+    return inputs.to(device), targets.to(device)
+
+
 # ----------------------------------------------------------------------------- Chapter 9 tasks (M11.3, M11.4)
 __all__ += ["selective_copying", "induction_heads"]
 
