@@ -226,7 +226,10 @@ def _linear_chunk(fq, fk, v, causal: bool, chunk_size: int):
     for all chunks and an exclusive cumulative sum over them (`_exclusive_cumsum`).
     The normaliser is the row sum of the masked scores plus ``phi(q)^T z_c``.
     Non-causal: every query reads the full sums, accumulated chunk by chunk.
-    `_linear_chunk_reference` is the same algorithm written one chunk at a time, for reading.
+    `_linear_chunk_reference` is the same algorithm one chunk at a time, for reading. This form issues
+    the same operations whatever the number of chunks (on a GPU each is one kernel launch), where the
+    reference issues four per chunk; on a 2-core CPU the reference was as fast (0.6 to 1.0 times this
+    form's time over five shapes from (1, 4, 1024, 64) to (1, 8, 8192, 64), load about 9).
     """
     length = fq.shape[-2]
     chunk_size = min(chunk_size, length)                             # one chunk never needs padding past L
@@ -250,8 +253,8 @@ def _linear_chunk_reference(fq, fk, v, chunk_size: int):
 
     For each chunk ``c`` in order: ``O_c = Q_c S + tril(Q_c K_c^T) V_c`` (the state of the earlier
     chunks, then the masked product inside the chunk), then ``S = S + K_c^T V_c``. The normaliser
-    is the same sum with a column of ones appended to ``V``. `_linear_chunk` (``mode="chunk"``)
-    computes the same sums for all chunks at once, which is faster than this loop.
+    is the same sum with a column of ones appended to ``V``. ``mode="chunk"`` runs `_linear_chunk`,
+    the same sums for all chunks at once.
     """
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)          # (..., L, d_v + 1)
     S = fq.new_zeros(fq.shape[:-2] + (fq.shape[-1], v1.shape[-1]))   # (..., d_phi, d_v + 1)
@@ -352,7 +355,7 @@ def _gla_chunk(q, k, v, log_g, state, chunk_size: int, scale: float = 1.0):
     log-space `_decay_scores`, so nothing ever overflows. Padding (zero keys, zero log gates) leaves the
     state unchanged. ``q`` comes unscaled: ``scale`` is applied by the last matrix product, which
     scales the intra part too (``beta``), saving a pass over ``q``. This is the form tuned for
-    speed; `_gla_chunk_reference` computes the same, one chunk at a time, as the algorithm reads.
+    speed; `_gla_chunk_reference` is the same algorithm as it reads, one chunk at a time.
     """
     length = q.shape[-2]
     chunk_size = min(chunk_size, length)
@@ -397,8 +400,9 @@ def _gla_chunk_reference(q, k, v, log_g, state, chunk_size: int):
     ``i`` (a running sum of ``log_g`` that restarts in every chunk) and ``S`` the state entering it:
     ``o_i = (q_i * exp(b_i))^T S + sum_{j <= i} (sum_f q_if k_jf exp(b_if - b_jf)) v_j`` (the second
     term `_decay_scores`, in log space), then ``S = exp(b_end) * S + sum_j (k_j * exp(b_end - b_j)) v_j^T``.
-    Every exponent is ``<= 0``. `_gla_chunk` (``mode="chunk"``) computes the same for all chunks at
-    once, with the factored product where it is safe, which is faster than this loop.
+    Every exponent is ``<= 0``. ``mode="chunk"`` runs `_gla_chunk`, the same algorithm with the
+    factored product where it is safe: 35 times faster than this one at (1, 8, 4096, 64), chunk 64,
+    gates near 0.98, on one CPU thread, where this one's ``(C, C, d_k)`` decays dominate.
     """
     outs = []
     for start in range(0, q.shape[-2], chunk_size):
