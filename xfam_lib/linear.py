@@ -500,7 +500,9 @@ def _delta_chunk(q, k, v, beta, log_g, state, chunk_size: int):
     ``A = strictly_lower(diag(beta) (K K^T * D))``. With ``T = (I + A)^{-1}`` (the UT transform)
     that is ``U = T diag(beta) V - W S``, ``W = T diag(beta exp(b)) K``: every product is a matrix
     product, and the loop runs over chunks, not steps. Outputs ``O = diag(exp(b)) Q S + (Q K^T * D) U``;
-    the state leaving the chunk is ``exp(b_end) S + (K * exp(b_end - b))^T U``.
+    the state leaving the chunk is ``exp(b_end) S + (K * exp(b_end - b))^T U``. ``b_i - b_j`` is a
+    difference of running sums: exact enough in fp64 and for mild gates, but in fp32 a chunk of
+    strong gates (sums in the hundreds) loses digits there, as `_decay_scores` explains.
     """
     outs = []
     for start in range(0, q.shape[-2], chunk_size):
