@@ -1,5 +1,6 @@
 """Chapter 8, linear attention: kernel linear attention in its three modes, gated linear attention,
-retention and the Taylor-2 feature map (METHODS M8.8, M8.9, M8.10, M8.13, M8.15).
+retention, the Taylor-2 feature map and the reference chunk forms the chapter shows (METHODS M8.8, M8.9,
+M8.10, M8.13, M8.15).
 
 Every reference is written here, independently of ``xfam_lib.linear``: a per-timestep loop over the
 explicit kernel-weighted sums for linear attention (feature maps re-derived from their formulas), the
@@ -582,3 +583,26 @@ def test_linear_chunk_exclusive_state_sums_both_branches_M8_9(loop_slice, gen, m
     assert_close(linear_attention(q, k, v, causal=True, mode="chunk", chunk_size=6), want, name="chunk")
     check_causal(lambda x: linear_attention(x[0], x[1], x[2], causal=True, mode="chunk", chunk_size=6),
                  torch.stack([q, k, q]), position=13)
+
+
+@pytest.mark.parametrize("chunk", [1, 6, 29, 64])
+def test_reference_chunk_forms_equal_the_loops_M8_9_M8_13(chunk, gen):
+    """The chunk forms the chapter shows (`_linear_chunk_reference`, `_gla_chunk_reference`, one chunk after
+    another) ≡ the per-timestep references of this file in fp64: causal linear attention's numerator and
+    normaliser, and GLA's outputs and final state from a random initial state, with log gates drawn from
+    [-3, 0] per step, for chunks that divide L = 29 or not, C = 1 and C >= L."""
+    import xfam_lib.linear as lin
+    shape, d_k, d_v = (2, 3, 29), 4, 5
+    q, k, v = randn(*shape, d_k, gen=gen), randn(*shape, d_k, gen=gen), randn(*shape, d_v, gen=gen)
+    fq, fk = PHI["elu"](q), PHI["elu"](k)
+    num, den = lin._linear_chunk_reference(fq, fk, v, chunk)
+    want_num = ref_linear_attention(q, k, v, PHI["elu"], causal=True, normalize=False)
+    want_den = ref_linear_attention(q, k, torch.ones_like(v[..., :1]), PHI["elu"], causal=True, normalize=False)
+    assert_close(num, want_num, name=f"linear attention reference chunk {chunk}: numerator")
+    assert_close(den, want_den[..., 0], name=f"linear attention reference chunk {chunk}: normaliser")
+    log_g = log_gates(*shape, d_k, gen=gen, low=-3.0, high=0.0)
+    s0 = randn(2, 3, d_k, d_v, gen=gen)
+    out, state = lin._gla_chunk_reference(q * 0.5, k, v, log_g, s0, chunk)
+    want_out, want_state = ref_gla(q, k, v, log_g, 0.5, s0)
+    assert_close(out, want_out, name=f"GLA reference chunk {chunk}: output")
+    assert_close(state, want_state, name=f"GLA reference chunk {chunk}: final state")

@@ -16,7 +16,7 @@ from xfam_lib.linear import (
     GATE_KINDS,
     capacity_curve,
     elu_feature_map,
-    gate_admits_chunking,
+    reduces_to_gla,
     gated_linear_attention_per_entry,
     gated_linear_attention,
     linear_attention,
@@ -26,6 +26,7 @@ from xfam_lib.linear import (
     performer_attention,
     positive_random_features,
     random_feature_kernel,
+    random_feature_mse,
     recall_error,
     rfa_attention,
     rff_features,
@@ -280,6 +281,24 @@ def test_positive_beat_trig_where_kernel_small_M8_7(gen):
     assert mse("positive")[small].mean() < 0.5 * mse("trig")[small].mean()
 
 
+@pytest.mark.parametrize("kind", ["positive", "trig"])
+def test_random_feature_mse_is_lemma_2_M8_7(kind, gen):
+    """`random_feature_mse` (Lemma 2 of Choromanski et al. 2021) ≡ the mean squared error of
+    `random_feature_kernel` over 4000 i.i.d. draws of W (m = 8) for six pairs (three with a kernel near 1,
+    three nearly opposite), each within 3 standard errors; the standard error is below a tenth of the
+    MSE, so a formula off by the trigonometric estimator's factor 1/2 fails."""
+    d, m, draws = 6, 8, 4000
+    x, y = F.normalize(torch.randn(2, 6, d, generator=gen, dtype=F64), dim=-1) * 0.35   # |x + y| <= 0.7:
+    y = torch.cat([y[:3], -x[3:] + 0.05 * y[3:]])                    # tails light enough for 3 SE
+    exact = torch.exp((x * y).sum(-1))
+    sq = torch.stack([(torch.diagonal(random_feature_kernel(x, y, torch.randn(m, d, generator=gen, dtype=F64),
+                                                            kind)) - exact) ** 2 for _ in range(draws)])
+    se = sq.std(0) / math.sqrt(draws)
+    want = random_feature_mse(x, y, m, kind)
+    assert ((sq.mean(0) - want).abs() < 3 * se).all(), (sq.mean(0), want, se)
+    assert (se < 0.1 * want).all()
+
+
 @pytest.mark.parametrize("orthogonal", [False, True])
 def test_performer_causal_equals_masked_quadratic_M8_7(orthogonal, gen):
     """Causal FAVOR+ (recurrent and chunk) ≡ the masked quadratic form built from phi+ by hand, with gradients."""
@@ -421,7 +440,7 @@ def test_every_table_gate_runs_chunked_M8_14(kind, gen):
     params = _gate_params(kind, d_model, d_k, d_v, gen)
     log_g = make_log_gate(kind, x, params)
     want = _gate_loop(q, k, v, log_g, d_k)
-    assert gate_admits_chunking(kind)
+    assert reduces_to_gla(kind)
     structure = GATE_KINDS[kind]
     if structure in ("scalar", "diagonal"):
         got = gated_linear_attention(q, k, v, log_g.expand(k.shape), mode="chunk", chunk_size=4)
@@ -439,14 +458,15 @@ def test_every_table_gate_runs_chunked_M8_14(kind, gen):
         assert (approx - want).abs().max() > 1e-3
 
 
-def test_gate_admits_chunking_by_structure_M8_14():
-    """The table's models and the elementwise structures reduce to the GLA chunk form (each model's route is
-    checked against its loop above); a dense transition S_t = A_t S_{t-1} + k_t v_t^T (the delta rule's
-    I - beta k k^T) mixes the rows of S and does not."""
-    assert all(gate_admits_chunking(k) for k in GATE_KINDS)
-    assert [gate_admits_chunking(s) for s in ("scalar", "diagonal", "outer", "entry", "dense")] == [True] * 4 + [False]
+def test_reduces_to_gla_by_structure_M8_14():
+    """The table's models and the elementwise structures reduce to `gated_linear_attention` (each model's route
+    is checked against its loop above); a dense transition S_t = A_t S_{t-1} + k_t v_t^T (the delta rule's
+    I - beta k k^T) mixes the rows of S and does not, although it has a chunk form of its own
+    (tests/test_8_delta.py checks `delta_rule`'s against its loop)."""
+    assert all(reduces_to_gla(k) for k in GATE_KINDS)
+    assert [reduces_to_gla(s) for s in ("scalar", "diagonal", "outer", "entry", "dense")] == [True] * 4 + [False]
     with pytest.raises(ValueError, match="kind must be one of"):
-        gate_admits_chunking("matrix")
+        reduces_to_gla("matrix")
 
 
 def test_per_entry_gate_bad_shape(gen):

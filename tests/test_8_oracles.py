@@ -5,7 +5,7 @@
 * ``performer-pytorch``: its ``softmax_kernel`` (FAVOR+ positive features) and ``linear_attention``,
   with ``eps=0`` (its default 1e-4 is added to every feature and does not cancel).
 
-M8.7, M8.9, M8.13, M8.14, M8.15. Both sides run in fp32 here, so the fp32 tolerance applies.
+M8.7, M8.9, M8.13, M8.14, M8.15, M8.21. Both sides run in fp32 here, so the fp32 tolerance applies.
 """
 import importlib.util
 import pathlib
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from xfam_lib.linear import (
+    delta_rule,
     elu_feature_map,
     gated_linear_attention,
     linear_attention,
@@ -115,6 +116,42 @@ def test_retention_vs_fla_naive_retention_M8_15(mode, gen):
     gamma = 1 - 2.0 ** (-5.0 - torch.arange(H, dtype=torch.float32))
     got = retention(q * D ** -0.5, k, v, gamma, mode=mode, chunk_size=16)
     assert_close(got, naive.naive_retention(q, k, v), name=f"retention {mode} vs fla")
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunk"])
+def test_delta_rule_vs_fla_delta_rule_recurrence_M8_21(mode, gen):
+    """fla ``delta_rule_recurrence`` ((B, H, T, D), beta (B, H, T), q scaled by D^-1/2, k used as given, so
+    l2-normalised here as DeltaNet does) from an initial state ≡ `delta_rule`, outputs and final state."""
+    naive = fla_naive("delta_rule")
+    B, H, T, K, V = 2, 2, 37, 8, 6
+    q, v = torch.randn(B, H, T, K, generator=gen), torch.randn(B, H, T, V, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, H, T, K, generator=gen), dim=-1)
+    beta = torch.rand(B, H, T, generator=gen)
+    s0 = torch.randn(B, H, K, V, generator=gen)
+    want, want_state = naive.delta_rule_recurrence(q, k, v, beta, initial_state=s0.clone())
+    got, state = delta_rule(q, k, v, beta, mode=mode, chunk_size=16, initial_state=s0, return_final_state=True)
+    assert_close(got, want, name=f"delta_rule {mode} vs fla")
+    assert_close(state, want_state, name=f"delta_rule {mode} final state vs fla")
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunk"])
+def test_gated_delta_rule_vs_fla_naive_recurrent_gated_delta_rule_M8_21(mode, gen):
+    """fla ``naive_recurrent_gated_delta_rule`` ((B, T, H, D), log gates g (B, T, H), scale K^-1/2) from an
+    initial state ≡ `delta_rule` with ``log_g``: Gated DeltaNet, outputs and final state."""
+    naive = fla_naive("gated_delta_rule")
+    B, H, T, K, V = 2, 2, 37, 8, 6
+    q, v = torch.randn(B, H, T, K, generator=gen), torch.randn(B, H, T, V, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, H, T, K, generator=gen), dim=-1)
+    beta = torch.rand(B, H, T, generator=gen)
+    log_g = torch.nn.functional.logsigmoid(torch.randn(B, H, T, generator=gen) + 2.0)
+    s0 = torch.randn(B, H, K, V, generator=gen)
+    bth = lambda x: x.transpose(1, 2)
+    want, want_state = naive.naive_recurrent_gated_delta_rule(bthd(q), bthd(k), bthd(v), bth(beta), bth(log_g),
+                                                               initial_state=s0, output_final_state=True)
+    got, state = delta_rule(q, k, v, beta, log_g=log_g, mode=mode, chunk_size=16, initial_state=s0,
+                            return_final_state=True)
+    assert_close(got, bthd(want), name=f"gated delta_rule {mode} vs fla")
+    assert_close(state, want_state, name=f"gated delta_rule {mode} final state vs fla")
 
 
 # ----------------------------------------------------------------------------- performer-pytorch
