@@ -1,6 +1,7 @@
 """Every chapter notebook is stored clean and starts the same way (DESIGN.md "Chapter anatomy").
 
-Stored without outputs; the canonical setup cell first (tagged hidden, from scripts/setup_cell.py);
+Stored without outputs; the canonical setup cell first (tagged hidden, from scripts/setup_cell.py),
+and every code cell before the first section folded as it is;
 code lines within the HTML column; a Python 3 kernelspec; Colab's GPU-runtime metadata (so "Open in Colab" starts on a GPU); imports xfam_lib; a numbered title; cites its METHODS rows; listed in _toc.yml.
 Exercise master notebooks are also stored without outputs.
 """
@@ -112,6 +113,18 @@ def test_chapter_anatomy(path):
     assert markdown and re.match(rf"#\s+{number}\.\s+\S", markdown[0]), "first markdown cell: '# N. Title'"
     assert re.search(rf"\bM{number}\.\d+\b", "\n".join(markdown)), "cite the chapter's METHODS rows (M{N}.{row})"
     assert "{cite}" in "\n".join(markdown), "cite papers with {cite}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_opening_code_is_folded(path):
+    """The code before a chapter's first section (the setup cell, the imports cell) is folded away
+    in the HTML, as the setup cell is, so the reader meets the idea first."""
+    cells = load(path)["cells"]
+    first_section = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+                          and re.search(r"^##\s", source(c), flags=re.M)), len(cells))
+    unfolded = [i for i, c in enumerate(cells[:first_section]) if c["cell_type"] == "code"
+                and setup_cell.TAG not in c["metadata"].get("tags", [])]
+    assert not unfolded, f"code cells {unfolded} come before the first section: tag them {setup_cell.TAG!r}"
 
 
 def test_every_chapter_is_in_the_toc():
