@@ -7,7 +7,9 @@ exist); no cell shows a traceback; no ipywidget (controls or a progress bar that
 without a kernel) is left on the page; the Colab launch link points at the chapter's ``.ipynb``
 and every other Colab link at a notebook in the repository; every figure has a caption and a real alt text and is shown at 70% of its width or more (the
 column is 676 px wide at this window size: a figure drawn wider than about 9.6 in at 100 dpi is
-scaled down until its text is too small to read). Writes a JUnit report so `make test` can count
+scaled down until its text is too small to read); no visible code cell has lines wider than the code
+column, whose width in characters is measured and printed (tests/test_notebook_hygiene.py's
+CODE_COLUMN must not exceed it). Writes a JUnit report so `make test` can count
 the checks. Without chromium the check is skipped, except under CI.
 """
 from __future__ import annotations
@@ -31,9 +33,27 @@ FLAGS = ["--headless", "--no-sandbox", "--window-size=1280,900", "--disable-gpu"
          "--virtual-time-budget=15000", "--dump-dom"]
 
 
-# Marks each image with the share of its own width it is shown at (data-shown), read back from the DOM.
+# Marks each image with the share of its own width it is shown at (data-shown); the body with the
+# number of monospace characters the narrowest code cell holds (data-code-column: folded cells sit
+# indented inside their toggle, so they hold fewer than open ones); and each code cell whose lines
+# are wider than its column (data-cut), except the setup cell (scripts/setup_cell.py). Read back
+# from the DOM.
 MEASURE = """<script>window.addEventListener("load", () => { for (const img of document.images)
   img.dataset.shown = img.naturalWidth ? (img.getBoundingClientRect().width / img.naturalWidth).toFixed(3) : "";
+  const code = [...document.querySelectorAll("div.cell_input pre")].filter(p => p.clientWidth > 0);
+  if (code.length) {
+    const probe = document.createElement("span");
+    probe.textContent = "x".repeat(100);
+    code[0].appendChild(probe);
+    const charWidth = probe.getBoundingClientRect().width / 100;
+    probe.remove();
+    const chars = code.map(pre => { const style = getComputedStyle(pre);
+      return Math.floor((pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)) / charWidth); });
+    document.body.dataset.codeColumn = Math.min(...chars);
+    for (const pre of code)
+      if (pre.scrollWidth > pre.clientWidth + 1 && !pre.textContent.startsWith("# Setup (hidden in the book)"))
+        pre.dataset.cut = "1";
+  }
 });</script>"""
 
 
@@ -79,6 +99,11 @@ def check_page(dom: str, page: Path, *, chapter: bool, maths: bool = True,
         problems.append(f"raw $...$ maths left on the page: {raw.group()[:60]!r}")
     if raw := re.search(r"\|\s*:?-{3,}:?\s*\|", text):
         problems.append(f"a Markdown table left as text (not rendered): {raw.group()!r}")
+    if column := re.search(r'<body[^>]*data-code-column="(\d+)"', dom):
+        figures["code column"] = int(column.group(1))
+    if cut := len(re.findall(r'<pre[^>]*data-cut="1"', dom)):
+        problems.append(f"{cut} code cells have lines wider than the code column "
+                        f"({figures.get('code column', '?')} characters at this window size): they are cut")
     if 'class="output traceback' in dom or "Traceback (most recent call last)" in body:
         problems.append("a cell output shows a traceback")
     if "application/vnd.jupyter.widget-view+json" in dom or "jupyter-widgets" in body:
@@ -137,7 +162,7 @@ def main() -> int:
         print(f"no built book under {HTML}: run `make book` first")
         return 1
     suite = ET.Element("testsuite", name="html", tests=str(len(pages)))
-    failures, totals = 0, Counter()
+    failures, totals, columns = 0, Counter(), []
     for page, chapter in pages:
         case = ET.SubElement(suite, "testcase", classname="html", name=str(page.relative_to(HTML)))
         try:
@@ -146,7 +171,9 @@ def main() -> int:
             problems = check_page(rendered_dom(browser, page), page, chapter=chapter, maths=maths,
                                   figures=figures)
             if figures:
-                totals.update({k: v for k, v in figures.items() if isinstance(v, int)})
+                totals.update({k: v for k, v in figures.items() if isinstance(v, int) and k != "code column"})
+                if "code column" in figures:
+                    columns.append(figures["code column"])
                 print(f"  figures: {figures}")
         except (AssertionError, subprocess.TimeoutExpired) as exc:
             problems = [str(exc)]
@@ -156,6 +183,8 @@ def main() -> int:
             failures += 1
             ET.SubElement(case, "failure", message="; ".join(problems))
     print(f"figures: {dict(totals)}")
+    if columns:
+        print(f"code column: {min(columns)}-{max(columns)} characters (tests/test_notebook_hygiene.py CODE_COLUMN)")
     suite.set("failures", str(failures))
     if args.junitxml:
         args.junitxml.parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,16 @@ def test_a_file_path_as_alt_text_fails():
     assert len(found) == 1 and "alt text" in found[0]
 
 
+def test_code_cells_wider_than_the_measured_column_fail():
+    dom = page(captioned(img(1.0))).replace("<body>", '<body data-code-column="73">')
+    figures = {}
+    assert check_html.check_page(dom, Path("x.html"), chapter=False, figures=figures) == []
+    assert figures["code column"] == 73
+    cut = dom.replace("</body>", '<pre data-cut="1">x</pre><pre>y</pre></body>')
+    found = problems(cut)
+    assert len(found) == 1 and found[0].startswith("1 code cells") and "73 characters" in found[0]
+
+
 def test_without_chromium_the_step_is_skipped_locally(tmp_path, capsys):
     report = tmp_path / "html.xml"
     assert check_html.no_browser(report, required=False) == 0

@@ -45,6 +45,15 @@ def test_markdown_caption_after_a_cell_captions_its_last_image():
                 and not isinstance(p.parent, nodes.caption)]
 
 
+def test_an_html_comment_between_image_and_caption_is_skipped():
+    """A caption cell may open with the comment that holds its catalogue IDs (<!-- E5.4 -->)."""
+    comment = nodes.raw("", "<!-- E5.4 -->", format="html")
+    doc = document(cell_with_images("_images/a.png"), comment, caption("Figure 5.3.", " Mass against age."))
+    figure_captions.add_captions(doc)
+    (figure,) = doc.findall(nodes.figure)
+    assert figure.next_node(nodes.caption).astext().startswith("Figure 5.3.")
+
+
 def test_caption_printed_by_the_cell_itself():
     output = nodes.container(classes=["cell_output"])
     output += nodes.container("", nodes.image(uri="_images/gla.png"), classes=["output"])

@@ -16,13 +16,20 @@ LABEL = re.compile(r"Figure [A-Z0-9]+\.\d+")
 
 
 def _previous_block(node: nodes.Node) -> nodes.Node | None:
-    """The sibling before ``node``, skipping comments and targets."""
+    """The sibling before ``node``, skipping comments (also HTML ones, which MyST keeps as raw
+    nodes: the cells' catalogue IDs live in them) and targets."""
     parent = node.parent
     index = parent.index(node)
     for sibling in reversed(parent.children[:index]):
-        if not isinstance(sibling, (nodes.comment, nodes.target)):
-            return sibling
+        if isinstance(sibling, (nodes.comment, nodes.target)) or _is_html_comment(sibling):
+            continue
+        return sibling
     return None
+
+
+def _is_html_comment(node: nodes.Node) -> bool:
+    return isinstance(node, nodes.raw) and node.astext().strip().startswith("<!--") \
+        and node.astext().strip().endswith("-->")
 
 
 def _alt_text(paragraph: nodes.paragraph) -> str:
