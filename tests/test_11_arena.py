@@ -371,8 +371,16 @@ def test_converged_sweep_chooses_the_rate_on_validation_and_resumes_M11_6(tmp_pa
         assert sorted(r["lr"] for r in first) == sorted(cfg["lrs"]) and len(other) == 1
         assert other[0]["lr"] == min(first, key=lambda r: min(v[1] for v in r["val"]))["lr"]
     assert all(r["steps_run"] <= cfg["max_steps"] and r["val"][-1][0] == r["steps_run"] for r in runs)
+    assert all(r["machine"] == result["machine"] for r in runs)   # each run says where it ran
+    # a file another machine wrote: resuming keeps its runs, each with the machine that made it
+    elsewhere = {**result["machine"], "cpu_capability": "ELSEWHERE"}
+    out.write_text(json.dumps({**result, "machine": elsewhere,
+                               "runs": [{k: v for k, v in r.items() if k != "machine"} for r in runs]}))
     subprocess.run(cmd + ["--resume"], check=True, cwd=ROOT, capture_output=True, timeout=300, env=env)
-    assert json.loads(out.read_text())["runs"] == runs
+    resumed = json.loads(out.read_text())
+    assert [r["machine"] for r in resumed["runs"]] == [elsewhere] * len(runs)
+    assert [{k: v for k, v in r.items() if k != "machine"} for r in resumed["runs"]] == \
+        [{k: v for k, v in r.items() if k != "machine"} for r in runs]
 
 
 def test_saved_lr_window_runs_are_complete_and_match_the_protocol_M11_6():
