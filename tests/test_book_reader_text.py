@@ -75,3 +75,14 @@ def test_notebook_text_has_no_catalogue_ids_or_book_making(path):
 def test_book_page_has_no_catalogue_ids_or_book_making(path):
     found = problems(visible_markdown(path.read_text(encoding="utf-8")), path.name)
     assert not found, "catalogue IDs or book-making words on a book page: " + "; ".join(found[:10])
+
+
+LIBRARY = sorted((ROOT / "xfam_lib").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: str(p.relative_to(ROOT)))
+def test_library_docstrings_and_comments_have_no_catalogue_ids_or_book_making(path):
+    """Chapters display the library's own source (`show_source`) and readers call `help()` on it, so its
+    docstrings and comments are reader text too."""
+    found = problems(code_text(path.read_text(encoding="utf-8")), path.name)
+    assert not found, "catalogue IDs or book-making words in the library's text: " + "; ".join(found[:10])

@@ -1,22 +1,22 @@
 """Ablations: small models that differ in one component, trained side by side and compared.
 
-`length_extrapolation` (chapter 4, M4.15): decoder-only LMs that differ only in positional encoding,
+`length_extrapolation` (chapter 4): decoder-only LMs that differ only in positional encoding,
 trained at one length and evaluated at multiples of it.
 
-`xl_delayed_copy` (chapter 5, M5.1): Transformer-XL models that differ only in memory length, trained
+`xl_delayed_copy` (chapter 5): Transformer-XL models that differ only in memory length, trained
 to copy the token read ``delay`` steps back while reading a stream one segment at a time.
 
-`train_parity` (chapter 6, M6.3): a GRU cell (`ParityACT`) or Graves's tanh RNN cell (`ParityACTGraves`)
+`train_parity` (chapter 6): a GRU cell (`ParityACT`) or Graves's tanh RNN cell (`ParityACTGraves`)
 with an ACT halting unit on Graves's parity;
-`train_permutation_act` (M6.3): the same idea (`PermutationACT`) on applying a permutation k times.
-`train_spans` (chapter 6, M6.4): a small decoder of adaptive-span attention layers (`SpanLM`) on a
+`train_permutation_act`: the same idea (`PermutationACT`) on applying a permutation k times.
+`train_spans` (chapter 6): a small decoder of adaptive-span attention layers (`SpanLM`) on a
 lagged-topic language, returning the learned spans per head.
-`train_ut_seq2seq` (chapter 6, M6.1): a Universal Transformer (one tied layer, `UTSeq2Seq` with
+`train_ut_seq2seq` (chapter 6): a Universal Transformer (one tied layer, `UTSeq2Seq` with
 ``tied=True``) against ``T`` untied layers of the same width, on copy and reverse.
 
-`train_recall` (chapter 8, M8.11, M11.2): a small model (`RecallNet`) whose token mixer is softmax or
+`train_recall` (chapter 8): a small model (`RecallNet`) whose token mixer is softmax or
 linear attention, trained on multi-query associative recall (`tasks.mqar`).
-`train_sparse_recall` (chapter 7, M7.2, M7.10, M7.11, M7.13): `RecallNet`'s architecture with five attention
+`train_sparse_recall` (chapter 7): `RecallNet`'s architecture with five attention
 patterns (dense, window, window + global, BigBird, LSH), trained side by side (`StackedRecallNet`) on `mqar`.
 """
 from __future__ import annotations
@@ -378,7 +378,7 @@ def train_ut_seq2seq(task: str, n_steps: int, *, tied: bool, seed: int = 0, leng
     return {"accuracy": acc, "params": count_params(model), "final_loss": sum(losses[-50:]) / len(losses[-50:])}
 
 
-# ----------------------------------------------------------------------------- chapter 7 (M7.7, M7.14, M7.18)
+# ----------------------------------------------------------------------------- chapter 7
 class _PairBlock(nn.Module):
     """A `RevBlock` as a module of one tensor ``(..., 2d)`` (its two halves), for `checkpointed_sequence`."""
 
@@ -392,7 +392,7 @@ class _PairBlock(nn.Module):
 
 def activation_memory(depths: Sequence[int] = (1, 2, 4, 8, 16), *, d: int = 64, n_tokens: int = 256,
                       seed: int = 0) -> dict:
-    """Memory of a stack of `RevBlock` s (F, G: ``d -> 2d -> d`` tanh MLPs) trained three ways (M7.7, M7.14):
+    """Memory of a stack of `RevBlock` s (F, G: ``d -> 2d -> d`` tanh MLPs) trained three ways:
     ``plain`` (autograd keeps every block's activations), ``checkpointed`` (`checkpointed_sequence`:
     each block's input only, the inside recomputed) and ``reversible`` (`reversible_sequence`: the
     outputs only, inputs rebuilt by the inverse). The weights are frozen, so only activations count.
@@ -444,7 +444,7 @@ def activation_memory(depths: Sequence[int] = (1, 2, 4, 8, 16), *, d: int = 64, 
     return out
 
 
-# ----------------------------------------------------------------------------- Chapter 8 (M8.11, M11.2)
+# ----------------------------------------------------------------------------- Chapter 8
 class RecallNet(nn.Module):
     """A small causal sequence model whose token mixer is softmax or linear attention, for recall tasks.
 
@@ -526,7 +526,7 @@ def train_recall(mixer: str, n_pairs: int, *, seed: int = 0, steps: int = 600, v
 
 
 def attention_by_distance(model: nn.Module, ids: torch.Tensor) -> dict:
-    """Mean causal attention weight by relative position ``i - j`` (M7.18), averaged over every
+    """Mean causal attention weight by relative position ``i - j``, averaged over every
     `MultiHeadAttention` of ``model``, its heads, the batch and the queries ``i >= L/2`` (so every distance
     up to ``L/2`` is seen by every query counted). Returns ``{"by_distance": [L/2 + 1 values for i - j =
     0..L/2], "first_token": mean weight on key 0 of those queries, "first_token_max_head": the same for the
@@ -548,7 +548,7 @@ def attention_by_distance(model: nn.Module, ids: torch.Tensor) -> dict:
 def train_sink_lm(*, seed: int = 0, steps: int = 300, length: int = 64, lag: int = 3, vocab: int = 32,
                   d_model: int = 32, n_layers: int = 2, n_heads: int = 4, batch: int = 32, lr: float = 3e-3) -> dict:
     """Train a small `TransformerLM` (RoPE) on a `LaggedTopicLanguage` with rule lag ``lag`` and measure
-    `attention_by_distance` before and after training on the same held-out batch (M7.18): recency shows as
+    `attention_by_distance` before and after training on the same held-out batch: recency shows as
     weight near ``i - j = lag``, a sink as weight on token 0 above the uniform share."""
     language = LaggedTopicLanguage(vocab, lag=lag, seed=seed)
     eval_ids, _ = language.sample(64, length, generator=torch.Generator().manual_seed(10_000 + seed))
@@ -567,7 +567,7 @@ def train_sink_lm(*, seed: int = 0, steps: int = 300, length: int = 64, lag: int
                            n_layers=n_layers, n_heads=n_heads, batch=batch, lr=lr)}
 
 
-# ----------------------------------------------------------------------------- chapter 9: LTI vs selective SSMs (M11.3, M11.4)
+# ----------------------------------------------------------------------------- chapter 9: LTI vs selective SSMs
 _SSM_KINDS = ("s4d", "h3", "mamba")
 
 
@@ -625,7 +625,7 @@ def _masked_accuracy(model, inputs, targets) -> float:
 def selective_copying_run(kind: str, *, length: int = 16, n_tokens: int = 4, vocab: int = 10, d_model: int = 16,
                           n_layers: int = 2, d_state: int = 8, steps: int = 200, batch: int = 16, lr: float = 5e-3,
                           seed: int = 0, eval_batch: int = 256, device: torch.device | str = "cpu") -> dict:
-    """Train an `SSMLM` of ``kind`` on `selective_copying` (Gu & Dao 2023, Table 1; M11.3).
+    """Train an `SSMLM` of ``kind`` on `selective_copying` (Gu & Dao 2023, Table 1).
 
     Fresh batches each step (generator seeded by ``seed``); the loss and the accuracy count only the
     ``n_tokens`` answer positions. Returns ``{"accuracy": float on eval_batch fresh sequences (seed
@@ -644,7 +644,7 @@ def induction_heads_run(kind: str, *, train_len: int = 32, test_lens: Sequence[i
                         vocab: int = 10, d_model: int = 16, n_layers: int = 2, d_state: int = 8, steps: int = 300,
                         batch: int = 32, lr: float = 5e-3, seed: int = 0, eval_batch: int = 256,
                         device: torch.device | str = "cpu") -> dict:
-    """Train an `SSMLM` on `induction_heads` at ``train_len``; test at every length of ``test_lens`` (M11.4).
+    """Train an `SSMLM` on `induction_heads` at ``train_len``; test at every length of ``test_lens``.
 
     The length generalisation of Gu & Dao 2023, Table 2. Returns ``{"accuracy": {L: float}, "losses":
     [per step], "chance": 1 / (vocab - 2)}``; test sequences use the generator seed ``10_000 + seed``.
@@ -659,7 +659,7 @@ def induction_heads_run(kind: str, *, train_len: int = 32, test_lens: Sequence[i
     return {"accuracy": acc, "losses": losses, "chance": 1 / (vocab - 2)}
 
 
-# ----------------------------------------------------------------------------- Chapter 7 (M7.2, M7.10, M7.11, M7.13)
+# ----------------------------------------------------------------------------- Chapter 7
 SPARSE_RECALL_PATTERNS = ("dense", "window", "window + global", "BigBird", "LSH")
 
 
@@ -770,7 +770,7 @@ def train_sparse_recall(patterns: Sequence[str] = SPARSE_RECALL_PATTERNS, seeds:
                         n_pairs: int = 8, n_global: int = 4, window: int = 4, block: int = 4, steps: int = 300,
                         d_model: int = 32, n_heads: int = 2, n_layers: int = 2, batch: int = 32, lr: float = 3e-3,
                         eval_batch: int = 256, n_buckets: int = 4, chunk_len: int = 4, n_rounds: int = 2) -> dict:
-    """Train one `StackedRecallNet` per (pattern, seed) on `mqar` after ``n_global`` BOS tokens (M7.11).
+    """Train one `StackedRecallNet` per (pattern, seed) on `mqar` after ``n_global`` BOS tokens.
 
     Every model has the same parameters, initial weights (per seed) and batches (per seed); only the
     attention pattern (`sparse_recall_mask`, or LSH) differs. Each model's loss is its own mean over the

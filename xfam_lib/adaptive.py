@@ -21,19 +21,19 @@ from .transformer import EncoderLayer
 from .utils import check_bool, check_positive_int, check_real, check_tensor, check_token_ids
 
 __all__ = [
-    # ACT and the Universal Transformer (M6.1–M6.3)
+    # ACT and the Universal Transformer
     "ACTOutput", "act_halting", "UniversalTransformer",
-    # adaptive attention span (M6.4)
+    # adaptive attention span
     "soft_span_mask", "AdaptiveSpanAttention",
-    # Depth-Adaptive Transformer (M6.6–M6.8)
+    # Depth-Adaptive Transformer
     "MultiExitModel", "multi_exit_loss", "geometric_exit_dist", "multinomial_exit_dist", "ExitPredictor",
     "oracle_exit", "rbf_kernel", "rbf_smooth",
-    # CALM (M6.9, M6.10)
+    # CALM
     "softmax_response", "state_saturation", "confidence_targets", "first_exit", "calibrate_threshold",
 ]
 
 
-# ============================================================================= ACT (M6.3)
+# ============================================================================= ACT
 class ACTOutput(NamedTuple):
     """`act_halting`'s result: ``output (..., d)``, ``ponder (...)`` = N + R, ``n_updates (...)`` = N."""
 
@@ -87,7 +87,7 @@ def act_halting(step_fn: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch
     return ACTOutput(output, n_updates + remainder, n_updates)
 
 
-# ============================================================================= Universal Transformer (M6.1, M6.2)
+# ============================================================================= Universal Transformer
 class UniversalTransformer(nn.Module):
     """One `transformer.EncoderLayer` applied ``n_steps`` times with shared weights (Dehghani et al. 2019).
 
@@ -126,9 +126,9 @@ class UniversalTransformer(nn.Module):
         return act_halting(step, x, self.threshold, self.n_steps)
 
 
-# ============================================================================= adaptive span (M6.4)
+# ============================================================================= adaptive span
 def soft_span_mask(dist: torch.Tensor, z, ramp: float) -> torch.Tensor:
-    """Sukhbaatar et al.'s soft mask ``m_z(x) = clamp((R + z - x) / R, 0, 1)`` (ERRATA E6.3).
+    """Sukhbaatar et al.'s soft mask ``m_z(x) = clamp((R + z - x) / R, 0, 1)``.
 
     ``dist`` holds distances ``x = i - j >= 0``; ``z`` (a number or a tensor broadcasting against
     ``dist``) is the learned span and ``ramp = R > 0`` the width of the linear ramp: the mask is 1
@@ -229,7 +229,7 @@ class AdaptiveSpanAttention(nn.Module):
         return (weights @ vw).flatten(2, 3)[:, :, :length]
 
 
-# ============================================================================= Depth-Adaptive Transformer (M6.6–M6.8)
+# ============================================================================= Depth-Adaptive Transformer
 class MultiExitModel(nn.Module):
     """A stack of Pre-LN `transformer.EncoderLayer` with an output head after every layer (Elbayad et al. 2020).
 
@@ -340,7 +340,7 @@ def multi_exit_loss(exit_logits: torch.Tensor, targets: torch.Tensor, weights=No
 
 
 def geometric_exit_dist(halt_probs: torch.Tensor) -> torch.Tensor:
-    """Elbayad et al.'s geometric-like exit distribution from per-layer halting probabilities (ERRATA E6.5).
+    """Elbayad et al.'s geometric-like exit distribution from per-layer halting probabilities.
 
     ``halt_probs (..., N)`` holds ``chi_n`` in ``[0, 1]``; returns ``q (..., N)`` with
     ``q_n = chi_n * prod_{m < n} (1 - chi_m)`` for ``n < N - 1`` and the rest of the mass,
@@ -398,7 +398,7 @@ class ExitPredictor(nn.Module):
 
 
 def oracle_exit(LL: torch.Tensor, lam: float) -> torch.Tensor:
-    """The oracle exit ``argmax_n (LL_n - lam * (n + 1))`` (0-based; depth ``n + 1``), ERRATA E6.5.
+    """The oracle exit ``argmax_n (LL_n - lam * (n + 1))`` (0-based; depth ``n + 1``).
 
     ``LL (..., N)`` holds each exit's log-likelihood of the reference token; ``lam >= 0`` charges
     each layer. Ties go to the shallower exit. A larger ``lam`` never gives a deeper exit.
@@ -410,7 +410,7 @@ def oracle_exit(LL: torch.Tensor, lam: float) -> torch.Tensor:
 
 
 def rbf_kernel(length: int, sigma: float, *, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
-    """``K[t, t'] = exp(-|t - t'|^2 / sigma)``, ``(length, length)``: 1 on the diagonal, decaying away from it (ERRATA E6.4)."""
+    """``K[t, t'] = exp(-|t - t'|^2 / sigma)``, ``(length, length)``: 1 on the diagonal, decaying away from it."""
     length = check_positive_int("length", length)
     sigma = check_real("sigma", sigma, low=0.0, low_open=True)
     t = torch.arange(length, dtype=dtype, device=device)
@@ -424,7 +424,7 @@ def rbf_smooth(x: torch.Tensor, sigma: float) -> torch.Tensor:
     return x @ rbf_kernel(x.shape[-1], sigma, dtype=x.dtype, device=x.device).T
 
 
-# ============================================================================= CALM (M6.9, M6.10)
+# ============================================================================= CALM
 def softmax_response(logits: torch.Tensor) -> torch.Tensor:
     """CALM's softmax-margin confidence: top-1 minus top-2 probability, ``(..., C) -> (...)`` in ``[0, 1]``."""
     check_tensor("logits", logits, min_rank=1, floating=True)

@@ -22,7 +22,7 @@ from the mixer. Every mixer calls the library's own implementation:
 ==================  ====================================================================
 
 `BASELINES` are mixers outside the family that the chapter compares against; they are not in `FAMILIES`
-(the sweep's default): ``gru`` is `torch.nn.GRU` (M11.5), the recurrent network whose whole memory is
+(the sweep's default): ``gru`` is `torch.nn.GRU`, the recurrent network whose whole memory is
 one ``d``-vector per layer.
 
 `init_decode_state` and `mixer_step` decode one token at a time through one mixer of an `ArenaLM`, each
@@ -135,7 +135,7 @@ class _BasedMixer(nn.Module):
 
 
 class _GRUMixer(nn.Module):
-    """``(B, L, d) -> (B, L, d)``: a one-layer `torch.nn.GRU` with hidden size ``d`` (M11.5)."""
+    """``(B, L, d) -> (B, L, d)``: a one-layer `torch.nn.GRU` with hidden size ``d``."""
 
     def __init__(self, d_model: int):
         super().__init__()

@@ -426,7 +426,7 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(b, length, self.n_heads * self.d_head))
 
 
-# ------------------------------------------------------------------ softmax numerics (M2.13–M2.17, M3.3, M3.6)
+# ------------------------------------------------------------------ softmax numerics
 def softmax_naive(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``exp(x) / sum(exp(x))`` exactly as written, in ``x``'s dtype.
 
@@ -577,7 +577,7 @@ def logn_scale(n, train_len: int):
     return math.log(check_positive_int("n", n)) / math.log(train_len)
 
 
-# ------------------------------------------------------------------ scoring functions (M2.3, M2.8–M2.12, M2.18)
+# ------------------------------------------------------------------ scoring functions
 def _check_qk(q: torch.Tensor, k: torch.Tensor, *, same_d: bool = True) -> None:
     check_tensor("q", q, min_rank=2, floating=True)
     check_tensor("k", k, min_rank=2, floating=True)
@@ -702,7 +702,7 @@ def normalized_relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return (out, weights.to(in_dtype)) if return_weights else out
 
 
-# ----------------------------------------------------------------------------- log-sum-exp merging (M3.12)
+# ----------------------------------------------------------------------------- log-sum-exp merging
 def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
                        causal: bool = False, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention plus each query's log-sum-exp of scores: ``(out (..., Lq, d_v), lse (..., Lq))``.
@@ -763,7 +763,7 @@ def merge_partials(outs, lses) -> tuple[torch.Tensor, torch.Tensor]:
     return out.to(out_dtype), lse
 
 
-# ----------------------------------------------------------------------------- tiled attention (M3.11)
+# ----------------------------------------------------------------------------- tiled attention
 def _key_blocks(i0: int, i1: int, lk: int, offset: int, block_k: int, causal: bool, device):
     """Key blocks ``(j0, j1, allowed)`` that query rows ``i0 .. i1-1`` can see.
 

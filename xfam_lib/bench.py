@@ -163,7 +163,7 @@ def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") ->
     return int(tracker.peak)
 
 
-# ----------------------------------------------------------------------------- largest intermediate (M3.11)
+# ----------------------------------------------------------------------------- largest intermediate
 class _LargestNewTensor(TorchDispatchMode):
     """Records the largest tensor that any op allocates (views, in-place and ``out=`` results excluded)."""
 
@@ -193,7 +193,7 @@ def largest_intermediate(fn: Callable[[], object], *, detail: bool = False):
     return (tracker.numel, tracker.shape, tracker.op) if detail else tracker.numel
 
 
-# ----------------------------------------------------------------------------- memory traffic and machine balance (M3.8)
+# ----------------------------------------------------------------------------- memory traffic and machine balance
 _NO_TRAFFIC = {"aten::empty", "aten::empty_like", "aten::empty_strided"}     # allocate without writing
 
 
@@ -253,7 +253,7 @@ def measure_bandwidth(device: torch.device | str = "cpu", *, nbytes: int = 2 ** 
     return 2 * src.nbytes / time_fn(lambda: dst.copy_(src), repeats=repeats, device=device)
 
 
-# ----------------------------------------------------------------------------- cost models (M3.7–M3.9, M3.13, M3.18)
+# ----------------------------------------------------------------------------- cost models
 def _positive(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -429,7 +429,7 @@ def adaptive_softmax_cost(cutoffs, zipf_s: float, vocab_size: int, *, div_value:
     return cost / vocab_size
 
 
-# ----------------------------------------------------------------------------- tensor parallelism (M3.14)
+# ----------------------------------------------------------------------------- tensor parallelism
 def simulate_tensor_parallel(mha, x: torch.Tensor, world_size: int, *, causal: bool = False):
     """Run a `MultiHeadAttention` as ``world_size`` tensor-parallel ranks on one device.
 

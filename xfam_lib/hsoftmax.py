@@ -1,4 +1,4 @@
-"""Hierarchical softmax over a Huffman tree (Chapter 3, M3.17).
+"""Hierarchical softmax over a Huffman tree (Chapter 3).
 
 A word's probability is the product of logistic left/right decisions along its path from the root,
 so predicting one word costs its code length instead of ``|V|`` dot products; a Huffman tree puts

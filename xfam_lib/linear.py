@@ -76,7 +76,7 @@ FEATURE_MAPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def taylor2_features(x: torch.Tensor) -> torch.Tensor:
-    """Second-order Taylor feature map ``[1, x, vec(x x^T) / sqrt(2)]`` (M8.10).
+    """Second-order Taylor feature map ``[1, x, vec(x x^T) / sqrt(2)]``.
 
     ``x (..., d)`` → ``(..., 1 + d + d^2)``, so that ``phi(q) . phi(k) = 1 + q.k + (q.k)^2 / 2``,
     the first three terms of ``exp(q.k)``. The full ``exp`` would need infinitely many features.
@@ -189,7 +189,7 @@ def _add_inter(out: torch.Tensor, q: torch.Tensor, S: torch.Tensor, scale: float
     flat.baddbmm_(q.flatten(0, -3), S.flatten(0, -3), beta=scale, alpha=scale)
 
 
-# ----------------------------------------------------------------------------- linear attention (M8.8, M8.9)
+# ----------------------------------------------------------------------------- linear attention
 def _linear_parallel(fq, fk, v, causal: bool):
     """Quadratic form: ``A = phi(Q) phi(K)^T`` (lower-triangular if causal); ``num = A V``, ``den = A 1``."""
     scores = fq @ fk.transpose(-2, -1)                     # (..., L, L)
@@ -271,7 +271,7 @@ def _linear_chunk_reference(fq, fk, v, chunk_size: int):
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, feature_map="elu", causal: bool = False,
                      normalize: bool = True, mode: str = "parallel", chunk_size: int = 64,
                      eps: float = 1e-6) -> torch.Tensor:
-    """Kernel linear attention (Katharopoulos et al. 2020), M8.8 and M8.9.
+    """Kernel linear attention (Katharopoulos et al. 2020).
 
     ``q, k (..., L, d_k)``, ``v (..., L, d_v)`` → ``(..., L, d_v)``. With ``S_t = sum_j phi(k_j) v_j^T``
     and ``z_t = sum_j phi(k_j)`` over ``j <= t`` (``causal``) or over all ``j``:
@@ -303,7 +303,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
     return out.to(in_dtype)
 
 
-# ----------------------------------------------------------------------------- gated linear attention (M8.13)
+# ----------------------------------------------------------------------------- gated linear attention
 def _decay_scores(q, k, log_g):
     """Causal log-space scores ``P[i, j] = sum_f q_if k_jf exp(sum_{j<t<=i} log_g_tf)`` for ``i >= j``, else 0.
 
@@ -419,7 +419,7 @@ def _gla_chunk_reference(q, k, v, log_g, state, chunk_size: int):
 def gated_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Tensor, *,
                            mode: str = "recurrent", chunk_size: int = 64, scale: float | None = None,
                            initial_state: torch.Tensor | None = None, return_final_state: bool = False):
-    """Gated linear attention (GLA, Yang et al. 2024) with per-key-dim forget gates, M8.13.
+    """Gated linear attention (GLA, Yang et al. 2024) with per-key-dim forget gates.
 
     ``q, k (..., L, d_k)``, ``v (..., L, d_v)``, ``log_g (..., L, d_k)`` (the shape of ``k``) →
     ``out (..., L, d_v)``, and ``(out, final_state (..., d_k, d_v))`` with ``return_final_state``:
@@ -472,7 +472,7 @@ def gated_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo
     return (out, state) if return_final_state else out
 
 
-# ----------------------------------------------------------------------------- the delta rule (M8.21)
+# ----------------------------------------------------------------------------- the delta rule
 def _delta_recurrent(q, k, v, beta, log_g, state):
     """``S_t = a_t S_{t-1} + beta_t k_t (v_t - a_t S_{t-1}^T k_t)^T``, ``o_t = q_t^T S_t`` (``q`` already scaled).
 
@@ -527,7 +527,7 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
                log_g: torch.Tensor | None = None, mode: str = "recurrent", chunk_size: int = 64,
                scale: float | None = None, initial_state: torch.Tensor | None = None,
                return_final_state: bool = False):
-    """The delta rule (DeltaNet: Schlag et al. 2021, Yang et al. 2024), gated with ``log_g`` (Gated DeltaNet), M8.21.
+    """The delta rule (DeltaNet: Schlag et al. 2021, Yang et al. 2024), gated with ``log_g`` (Gated DeltaNet).
 
     ``q, k (..., L, d_k)``, ``v (..., L, d_v)``, ``beta (..., L)`` (one write strength per step),
     ``log_g (..., L)`` (one log forget gate ``<= 0`` per step; default 0, no forgetting) → ``out (..., L, d_v)``,
@@ -584,7 +584,7 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
     return (out, state) if return_final_state else out
 
 
-# ----------------------------------------------------------------------------- retention (M8.15)
+# ----------------------------------------------------------------------------- retention
 def retention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma, *, mode: str = "parallel",
               chunk_size: int = 64) -> torch.Tensor:
     """Retention (RetNet, Sun et al. 2023): ``O = (Q K^T ⊙ D) V`` with ``D[n, m] = gamma^(n - m)`` for ``n >= m``.
@@ -618,7 +618,7 @@ def retention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma, *, mode:
     return gated_linear_attention(q, k, v, log_g, mode=mode, chunk_size=chunk_size, scale=1.0)
 
 
-# ----------------------------------------------------------------------------- Linformer (M8.3)
+# ----------------------------------------------------------------------------- Linformer
 def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, E: torch.Tensor, F: torch.Tensor, *,
                         scale: float | None = None) -> torch.Tensor:
     """Linformer (Wang et al. 2020): softmax attention over ``r`` projected keys and values, non-causal.
@@ -647,7 +647,7 @@ def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, E: to
     return (weights @ v_proj).to(in_dtype)
 
 
-# ----------------------------------------------------------------------------- random features (M8.5, M8.6, M8.7)
+# ----------------------------------------------------------------------------- random features
 def _generator(seed) -> torch.Generator:
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
@@ -767,7 +767,7 @@ def random_feature_mse(x: torch.Tensor, y: torch.Tensor, m: int, kind: str = "po
 def rfa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, W: torch.Tensor, *, causal: bool = False,
                   mode: str = "parallel", chunk_size: int = 64, eps: float = 0.0) -> torch.Tensor:
     """Random Feature Attention (Peng et al. 2021): softmax attention ``softmax(Q K^T) V`` estimated with
-    trigonometric random features, M8.6.
+    trigonometric random features.
 
     ``q, k (..., L, d)``, ``v (..., L, d_v)``, ``W (D, d)`` with rows ``~ N(0, I)`` (`sample_rff` with
     ``sigma=1``) → ``(..., L, d_v)``. ``exp(q . k) = exp(|q|^2/2) exp(|k|^2/2) exp(-|q - k|^2/2)``: the last
@@ -795,7 +795,7 @@ def performer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_fea
                         causal: bool = False, orthogonal: bool = True, seed: int = 0, W: torch.Tensor | None = None,
                         scale: float | None = None, mode: str = "parallel", chunk_size: int = 64) -> torch.Tensor:
     """Performer's FAVOR+ (Choromanski et al. 2021): ``softmax(scale Q K^T) V`` estimated with positive
-    random features, M8.7.
+    random features.
 
     ``q, k (..., L, d)``, ``v (..., L, d_v)`` → ``(..., L, d_v)``. Features: `positive_random_features` of
     ``x sqrt(scale)`` (``scale=None`` means ``1/sqrt(d)``) with ``W (n_features, d)`` from
@@ -840,12 +840,12 @@ def performer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_fea
     return out.to(in_dtype)
 
 
-# ----------------------------------------------------------------------------- fixed-state capacity (M8.11)
+# ----------------------------------------------------------------------------- fixed-state capacity
 _RULES = ("additive", "delta")
 
 
 def recall_error(keys: torch.Tensor, values: torch.Tensor, *, rule: str = "additive") -> torch.Tensor:
-    """Relative recall error of a fixed state that stores ``n`` key-value pairs, M8.11 (and M8.21).
+    """Relative recall error of a fixed state that stores ``n`` key-value pairs.
 
     ``keys (..., n, d_k)``, ``values (..., n, d_v)`` → ``(...)``: the pairs are written in order into a
     ``(d_k, d_v)`` state ``S``, each key reads ``k_i^T S``, and the error is ``|K S - V|_F / |V|_F``.
@@ -893,7 +893,7 @@ def capacity_curve(d: int, ns, *, trials: int = 20, orthonormal: bool = False, s
     return torch.stack(errors)
 
 
-# ----------------------------------------------------------------------------- gate parameterisations (M8.14)
+# ----------------------------------------------------------------------------- gate parameterisations
 # How each gate of GLA's Table 1 (Yang et al. 2024) decays the (d_k, d_v) state: one number per step
 # ("scalar"), one per key dim ("diagonal", the gate GLA uses), an outer product alpha beta^T of a key
 # and a value gate ("outer", DFW), or one number per state entry ("entry", Mamba). RetNet's constant

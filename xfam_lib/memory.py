@@ -28,15 +28,15 @@ from .utils import (broadcasts_to, check_bool, check_instance, check_int, check_
 from .utils import compute_dtype as _compute_dtype
 
 __all__ = [
-    # Transformer-XL (M5.1, M5.2)
+    # Transformer-XL
     "update_xl_memory", "xl_attention", "XLLayer", "TransformerXL", "temporal_range",
-    # Compressive Transformer (M5.3, M5.4)
+    # Compressive Transformer
     "compress_pool", "ConvCompressor", "compress_most_used", "update_memories", "CompressiveMemory",
     "attention_reconstruction_loss",
-    # kNN memories (M5.5, M5.7, M5.8, M5.9)
+    # kNN memories
     "exact_knn", "knn_distribution", "knn_lm_interpolate", "SpalmGate", "FIFOKVMemory",
     "knn_augmented_attention", "MemorizingAttention",
-    # test-time-learned memory (M5.11)
+    # test-time-learned memory
     "NeuralMemory",
 ]
 
@@ -57,7 +57,7 @@ def _check_memory(mem: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
     return mem
 
 
-# ============================================================================= Transformer-XL (M5.1, M5.2)
+# ============================================================================= Transformer-XL
 def update_xl_memory(mem: torch.Tensor | None, h: torch.Tensor, mem_len: int) -> torch.Tensor:
     """The next segment's memory: the last ``mem_len`` rows of ``[mem; h]``, gradient stopped.
 
@@ -131,7 +131,7 @@ class TransformerXL(nn.Module):
 
     ``forward(ids (B, L), mems=None) -> (logits (B, L, vocab), new_mems)``. ``mems`` is a list with
     one ``(B, m, d_model)`` memory per layer: the *inputs* of that layer on the previous segments
-    (``h^(n-1)``, ERRATA E5.1), at most ``mem_len`` of them, gradient stopped. There is no absolute
+    (``h^(n-1)``), at most ``mem_len`` of them, gradient stopped. There is no absolute
     position embedding; positions enter through the relative attention only.
     """
 
@@ -164,8 +164,7 @@ def temporal_range(mem_len: int, n_layers: int, cmem_len: int = 0, ratio: int = 
     """Longest dependency, in tokens, that information can travel through the memories of ``n_layers``
     layers: ``n_layers * (mem_len + ratio * cmem_len)`` (XL: ``N m``; Compressive: ``(m_m + c m_cm) N``).
 
-    Each layer attends over only ``L + mem_len (+ cmem_len)`` keys; the range grows through depth
-    (ERRATA E5.2).
+    Each layer attends over only ``L + mem_len (+ cmem_len)`` keys; the range grows through depth.
     """
     mem_len = check_int("mem_len", mem_len, low=0)
     n_layers = check_positive_int("n_layers", n_layers)
@@ -174,7 +173,7 @@ def temporal_range(mem_len: int, n_layers: int, cmem_len: int = 0, ratio: int = 
     return n_layers * (mem_len + ratio * cmem_len)
 
 
-# ============================================================================= Compressive Transformer (M5.3, M5.4)
+# ============================================================================= Compressive Transformer
 def _whole_groups(x: torch.Tensor, ratio: int) -> torch.Tensor:
     """Drop the ``n % ratio`` oldest rows of ``x (..., n, d)`` so the rest splits into groups of ``ratio``."""
     return x[..., x.shape[-2] % ratio:, :]
@@ -184,7 +183,7 @@ def compress_pool(x: torch.Tensor, ratio: int, kind: str = "mean") -> torch.Tens
     """Pool groups of ``ratio`` consecutive memories: ``(..., n, d) -> (..., n // ratio, d)``.
 
     ``kind`` is ``"mean"`` or ``"max"``. When ``ratio`` does not divide ``n`` the ``n % ratio`` oldest
-    rows are dropped (the map is ``R^{n x d} -> R^{floor(n/c) x d}``, ERRATA E5.3). ``ratio=1`` is the identity.
+    rows are dropped (the map is ``R^{n x d} -> R^{floor(n/c) x d}``). ``ratio=1`` is the identity.
     """
     check_tensor("x", x, min_rank=2, floating=True)
     ratio = check_positive_int("ratio", ratio)
@@ -313,7 +312,7 @@ def _content_attention(h: torch.Tensor, kv: torch.Tensor, attn: XLRelativeAttent
 
 def attention_reconstruction_loss(h: torch.Tensor, old_mem: torch.Tensor, new_cmem: torch.Tensor,
                                   attn: XLRelativeAttention) -> torch.Tensor:
-    """The Compressive Transformer's attention-reconstruction loss ``L_ar`` (ERRATA E5.3).
+    """The Compressive Transformer's attention-reconstruction loss ``L_ar``.
 
     Mean squared difference between content attention of ``h (B, L, d)`` over the memories about to
     be discarded ``old_mem (B, n, d)`` and over their compression ``new_cmem (B, n // c, d)``, with
@@ -330,7 +329,7 @@ def attention_reconstruction_loss(h: torch.Tensor, old_mem: torch.Tensor, new_cm
     return F.mse_loss(_content_attention(h, new_cmem, attn), _content_attention(h, old_mem, attn))
 
 
-# ============================================================================= nearest neighbours (M5.5)
+# ============================================================================= nearest neighbours
 _GROUP = 32          # keys per group in the streaming top-k (see exact_knn)
 
 
@@ -450,8 +449,8 @@ def knn_distribution(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, k:
 
     ``q (..., d)`` are context vectors, ``keys (N, d)`` the datastore's contexts and ``vals (N,)``
     the tokens that followed them. With the ``k`` nearest keys by squared L2 distance ``d_i``,
-    ``p(w) = sum_{i: vals_i = w} softmax(-d_i / temp)``: the minus makes near keys weigh more
-    (ERRATA E5.5), and neighbours with the same token add up. Returns ``(..., vocab)``; rows sum to 1.
+    ``p(w) = sum_{i: vals_i = w} softmax(-d_i / temp)``: the minus makes near keys weigh more,
+    and neighbours with the same token add up. Returns ``(..., vocab)``; rows sum to 1.
     """
     check_tensor("q", q, min_rank=1, floating=True)
     check_tensor("keys", keys, rank=2, floating=True)
@@ -480,13 +479,13 @@ def knn_lm_interpolate(p_lm: torch.Tensor, p_knn: torch.Tensor, lam: float) -> t
     return lam * p_knn + (1.0 - lam) * p_lm
 
 
-# ============================================================================= SPALM (M5.7)
+# ============================================================================= SPALM
 class SpalmGate(nn.Module):
     """SPALM's gate between the local context and the long-term memory (Yogatama et al. 2021).
 
     ``forward(h (..., d), mem (..., K, d)) -> z (..., d)``: ``mem`` holds the output embeddings of the
     ``K`` retrieved neighbours' next tokens, ``m = softmax(mem h) mem`` summarises them, the scalar
-    gate is ``g = sigmoid(w_g . h)`` (ERRATA E5.6) and ``z = (1 - g) m + g h``; the next-token
+    gate is ``g = sigmoid(w_g . h)`` and ``z = (1 - g) m + g h``; the next-token
     distribution is ``softmax(z W^T)`` with the tied embedding ``W``.
     """
 
@@ -510,7 +509,7 @@ class SpalmGate(nn.Module):
         return (1.0 - g) * summary.squeeze(-2) + g * h
 
 
-# ============================================================================= Memorizing Transformer (M5.8, M5.9)
+# ============================================================================= Memorizing Transformer
 class FIFOKVMemory:
     """A first-in-first-out store of past keys and values, without gradients (Wu et al. 2022).
 
@@ -588,7 +587,7 @@ def knn_augmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
 class MemorizingAttention(nn.Module):
     """Multi-head causal attention with a kNN memory of the past (Wu et al. 2022), for ``(B, L, d_model)``.
 
-    Queries and keys are L2-normalised (ERRATA E5.8: queries and keys, not values), so cached keys
+    Queries and keys are L2-normalised (queries and keys, not values), so cached keys
     keep a comparable scale as training moves on; logits are cosines times a learned per-head
     scale. The same projections serve local and kNN attention; a learned scalar gate per head mixes
     them (`knn_augmented_attention`). After each call the segment's keys and values are written,
@@ -626,12 +625,12 @@ class MemorizingAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(b, length, self.d_model))
 
 
-# ============================================================================= Titans neural memory (M5.11)
+# ============================================================================= Titans neural memory
 class NeuralMemory:
     """A linear associative memory ``M (..., d_k, d_v)`` trained at test time (Titans, Behrouz et al. 2025).
 
-    ``read(q) = q M``. ``write(k, v)`` takes one step on the loss ``l(M) = |k M - v|^2`` (ERRATA
-    E5.9), with momentum ``eta`` and forgetting (weight decay) ``alpha``:
+    ``read(q) = q M``. ``write(k, v)`` takes one step on the loss ``l(M) = |k M - v|^2``, with
+    momentum ``eta`` and forgetting (weight decay) ``alpha``:
     ``S <- eta S - lr * grad``, ``M <- (1 - alpha) M + S``, where ``grad = 2 k^T (k M - v)``
     (``kind="delta"``, the delta rule) or ``grad = -k^T v`` (``kind="hebbian"``, the gradient of
     ``-<k M, v>``). Row-vector convention: the column form ``M - lr 2 (M k - v) k^T`` is the same

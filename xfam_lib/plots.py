@@ -75,7 +75,7 @@ def attention_heatmap(weights, ax=None, *, title: str | None = None, xlabels: Se
 
 def plot_mask(mask, ax=None, title: str | None = None):
     """Draw a boolean ``(Lq, Lk)`` attention mask (dark = may attend) with its density, the fraction of
-    allowed pairs, in the title (M7.1). Returns the Figure."""
+    allowed pairs, in the title. Returns the Figure."""
     m = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
     if m.ndim != 2 or m.dtype != bool:
         raise ValueError(f"mask must be a boolean 2-D (Lq, Lk) array, got shape {m.shape} and dtype {m.dtype}")
@@ -304,7 +304,7 @@ def architecture_diagram(module: torch.nn.Module, *inputs, columns: dict[str, Se
     return fig
 
 
-# ----------------------------------------------------------------------------- attention as a graph (M2.6)
+# ----------------------------------------------------------------------------- attention as a graph
 __all__ += ["attention_edges", "attention_graph"]
 
 
@@ -324,7 +324,7 @@ def attention_edges(weights, threshold: float = 0.1) -> list[tuple[int, int, flo
 
 def attention_graph(weights, threshold: float = 0.1, *, labels: Sequence[str] | None = None, ax=None,
                     title: str | None = None):
-    """Draw an ``(L, L)`` attention matrix as a weighted directed graph on a circle (M2.6).
+    """Draw an ``(L, L)`` attention matrix as a weighted directed graph on a circle.
 
     An arrow ``j -> i`` is drawn for every ``a_ij > threshold`` (see `attention_edges`), with width
     and opacity growing with the weight; a ring around node ``i`` shows the weight it keeps for

@@ -78,7 +78,7 @@ def _check_positions(positions: torch.Tensor, length: int, *, fractional: bool =
         raise ValueError(f"positions must be non-negative, got min {int(positions.min())}")
 
 
-# ============================================================================= absolute positions (M4.1–M4.5)
+# ============================================================================= absolute positions
 def sinusoidal_encoding(length: int, d_model: int, base: float = 10000.0, *,
                         device: torch.device | str | None = None,
                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -130,11 +130,11 @@ def sinusoidal_shift_matrix(delta: float, d_model: int, base: float = 10000.0) -
 def ut_coordinate_encoding(length: int, n_steps: int, d_model: int, base: float = 10000.0, *,
                            device: torch.device | str | None = None,
                            dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The Universal Transformer's coordinate embedding ``(n_steps, length, d_model)`` (M6.2).
+    """The Universal Transformer's coordinate embedding ``(n_steps, length, d_model)``.
 
     ``P[t - 1, p] = PE[p] + PE[t]`` for recurrence steps ``t = 1 .. n_steps`` and positions ``p``, with
     ``PE`` the `sinusoidal_encoding`: the position and step sinusoids are added (the "⊕" of the
-    sources, ERRATA E6.1). Step ``t`` adds ``P[t - 1]`` to the state before the shared layer.
+    sources). Step ``t`` adds ``P[t - 1]`` to the state before the shared layer.
     Computed on ``device`` in fp64, returned in ``dtype``.
     """
     n_steps = check_positive_int("n_steps", n_steps)
@@ -186,7 +186,7 @@ def absolute_pe_logit_terms(x: torch.Tensor, p: torch.Tensor, W_q: torch.Tensor,
             "position-content": pq @ xk.T, "position-position": pq @ pk.T}
 
 
-# ============================================================================= RoPE (M4.9, M4.10)
+# ============================================================================= RoPE
 def rope_frequencies(d: int, base: float = 10000.0, *, dtype: torch.dtype = torch.float32,
                      device: torch.device | str | None = None) -> torch.Tensor:
     """The ``d/2`` frequencies ``theta_i = base^(-2i/d)``, ``i = 0 .. d/2 - 1``.
@@ -368,7 +368,7 @@ def rope_turns(train_len: int, d: int, base: float = 10000.0) -> torch.Tensor:
     return train_len * rope_frequencies(d, base, dtype=torch.float64) / (2 * math.pi)
 
 
-# ============================================================================= Shaw et al. (M4.6)
+# ============================================================================= Shaw et al.
 def shaw_relative_positions(q_len: int, k_len: int | None = None, max_distance: int = 16, *,
                             device: torch.device | str | None = None) -> torch.Tensor:
     """Table index ``clip(j - i', -K, K) + K`` ``(q_len, k_len)`` into Shaw's ``2K + 1`` relative embeddings."""
@@ -456,7 +456,7 @@ class ShawRelativeAttention(MultiHeadAttention):
                                        causal=causal, return_weights=return_weights)
 
 
-# ============================================================================= Transformer-XL (M4.7)
+# ============================================================================= Transformer-XL
 def rel_shift(x: torch.Tensor) -> torch.Tensor:
     """Transformer-XL's relative shift: ``(..., Lq, Lk)`` with column ``c`` for distance ``Lk - 1 - c``
     → ``y[..., i, j] = x[..., i, j + Lq - 1 - i]``, the score for distance ``i' - j``.
@@ -610,7 +610,7 @@ class XLRelativeAttention(MultiHeadAttention):
         return out
 
 
-# ============================================================================= T5 bias (M4.8)
+# ============================================================================= T5 bias
 def t5_relative_position_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True,
                                 num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
     """T5's bucket id for each ``relative_position = key_pos - query_pos`` (integer tensor, any shape).
@@ -686,7 +686,7 @@ class T5RelativeBias(nn.Module):
         return self.bias(self.buckets(q_len, k_len)).permute(2, 0, 1)
 
 
-# ============================================================================= ALiBi (M4.12, M4.13)
+# ============================================================================= ALiBi
 def _alibi_slopes_list(n: int) -> list[float]:
     if n & (n - 1) == 0:                                               # a power of two: 2^(-8h/n), h = 1..n
         start = 2.0 ** (-8.0 / n)
@@ -750,7 +750,7 @@ class AlibiBias(nn.Module):
         return table[:, idx]
 
 
-# ============================================================================= DA-Transformer (M4.14)
+# ============================================================================= DA-Transformer
 def da_weight(dist: torch.Tensor, alpha, beta) -> torch.Tensor:
     """DA-Transformer's distance weight ``f(alpha * dist; beta) = (1 + e^beta) / (1 + e^(beta - alpha * dist))``.
 

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 
-# ----------------------------------------------------------------------------- GTrXL (M10.2, M10.3)
+# ----------------------------------------------------------------------------- GTrXL
 class GRUGate(nn.Module):
     """GTrXL's GRU-style gate ``g(x, y)`` (Parisotto et al. 2020, after Chung et al. 2014).
 
@@ -71,14 +71,14 @@ class GRUGate(nn.Module):
 
 
 def gate_deviation(gate: GRUGate, x: torch.Tensor, y: torch.Tensor) -> float:
-    """``||g(x, y) - x|| / ||x||``: how far the gate is from the identity map (F10.1)."""
+    """``||g(x, y) - x|| / ||x||``: how far the gate is from the identity map."""
     check_instance("gate", gate, GRUGate)
     with torch.no_grad():
         return float((gate(x, y) - x).norm() / x.norm())
 
 
 def layer_gradient_norms(blocks, x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-layer gradient norms of a stack at its current weights (F10.1, M10.2).
+    """Per-layer gradient norms of a stack at its current weights.
 
     ``x (B, L, d)`` runs through ``blocks`` in order, giving ``h_0 = x, h_1, ..., h_N``; the loss is the
     fixed linear read-out ``sum(weight * h_N)`` (``weight`` shaped like ``x``), so every stack receives the
@@ -173,7 +173,7 @@ class GTrXLBlock(nn.Module):
         return self._merge(2, x, self.ff(self.norm2(x)))
 
 
-# ----------------------------------------------------------------------------- a cue-recall task for deep stacks (M10.2, M10.3)
+# ----------------------------------------------------------------------------- a cue-recall task for deep stacks
 def cue_recall_batch(n: int, *, n_cues: int = 4, n_distractors: int = 8, length: int = 12,
                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A one-step memory task: ``(tokens (n, length) long, cue (n,) long)``.
@@ -245,7 +245,7 @@ def train_cue_recall(block_kwargs: dict, *, depth: int = 12, steps: int = 200, l
     return {"accuracy": accuracy, "losses": losses}
 
 
-# ----------------------------------------------------------------------------- Decision Transformer (M10.4, M10.5)
+# ----------------------------------------------------------------------------- Decision Transformer
 def returns_to_go(rewards: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
     """``R_t = sum_{t' >= t} gamma^(t' - t) r_t'`` over the last dim: ``(..., T) -> (..., T)``."""
     check_tensor("rewards", rewards, min_rank=1, floating=True)
@@ -343,7 +343,7 @@ class DecisionTransformer(nn.Module):
         return out if self.discrete else torch.tanh(out)
 
 
-# ----------------------------------------------------------------------------- a toy environment and offline data (M10.5)
+# ----------------------------------------------------------------------------- a toy environment and offline data
 class ChainMDP:
     """A chain of ``n_states`` cells with a lock in each; episodes start in cell 0 and last ``horizon`` steps.
 

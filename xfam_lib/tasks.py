@@ -114,14 +114,14 @@ def accuracy(pred: torch.Tensor, target: torch.Tensor, *, by: str = "token", ign
     raise ValueError(f"by must be 'token', 'sequence' or 'position', got {by!r}")
 
 
-# ----------------------------------------------------------------------------- Chapter 2 tasks (M2.7, M2.9, M2.10, M2.19)
+# ----------------------------------------------------------------------------- Chapter 2 tasks
 __all__ += ["gaussian_tokens", "offset_copy", "seen_before"]
 
 
 def gaussian_tokens(batch: int, length: int, d: int, *, norm_spread: tuple[float, float] | None = None,
                     generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
                     device=None) -> torch.Tensor:
-    """Random token vectors ``(batch, length, d)`` with i.i.d. standard normal entries (M2.9).
+    """Random token vectors ``(batch, length, d)`` with i.i.d. standard normal entries.
 
     Without ``norm_spread`` the row norms concentrate around ``sqrt(d)``, so the diagonal of
     ``X X^T`` tends to win every row. ``norm_spread=(lo, hi)`` rescales each row to a norm drawn
@@ -147,7 +147,7 @@ def gaussian_tokens(batch: int, length: int, d: int, *, norm_spread: tuple[float
 
 def offset_copy(batch: int, length: int, vocab: int, offsets=(-1,), *, generator: torch.Generator | None = None,
                 device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read a neighbour: ``ids (batch, length)`` and ``targets (batch, length, len(offsets))`` (M2.7, M2.10).
+    """Read a neighbour: ``ids (batch, length)`` and ``targets (batch, length, len(offsets))``.
 
     ``targets[b, i, c] = ids[b, i + offsets[c]]``, or ``PAD`` where ``i + offsets[c]`` falls outside
     the sequence (nothing to predict there). ``offsets=(-1,)`` is the previous-token task;
@@ -171,7 +171,7 @@ def offset_copy(batch: int, length: int, vocab: int, offsets=(-1,), *, generator
 
 def seen_before(batch: int, length: int, vocab: int, *, generator: torch.Generator | None = None,
                 device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequence labelling that needs context (M2.19): ``ids (batch, length)``, ``labels (batch, length)``.
+    """Sequence labelling that needs context: ``ids (batch, length)``, ``labels (batch, length)``.
 
     ``labels[b, i] = 1`` if the token ``ids[b, i]`` already occurred at some position ``j < i``,
     else ``0`` (so position 0 is always 0). A per-token classifier sees only ``(token, position)``
@@ -184,7 +184,7 @@ def seen_before(batch: int, length: int, vocab: int, *, generator: torch.Generat
 
 def delayed_copy(batch: int, length: int, vocab: int, delay: int, *, generator: torch.Generator | None = None,
                  device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Long-range copy for memory models (M5.1): ``ids (batch, length)``, ``targets (batch, length)``.
+    """Long-range copy for memory models: ``ids (batch, length)``, ``targets (batch, length)``.
 
     At position ``i`` the model must output the token it read ``delay`` steps earlier:
     ``targets[b, i] = ids[b, i - delay]``, and ``PAD`` (nothing to predict) for ``i < delay``. A model
@@ -241,7 +241,7 @@ class LaggedTopicLanguage:
         return tokens.to(device), p.log().to(device)
 
 
-# ----------------------------------------------------------------------------- Chapter 6 tasks (M6.3)
+# ----------------------------------------------------------------------------- Chapter 6 tasks
 __all__ += ["parity_task"]
 
 
@@ -339,7 +339,7 @@ __all__ += ["ModeBigramLanguage"]
 
 
 class ModeBigramLanguage:
-    """A language with local structure and one long-range dependency (chapter 6's adaptive-span task, M6.4).
+    """A language with local structure and one long-range dependency (chapter 6's adaptive-span task).
 
     The first token of a sequence is one of ``n_modes`` *mode* tokens (ids ``0 .. n_modes-1``); the
     rest are data tokens (``n_modes .. vocab-1``). Token ``t >= 2`` is the mode's own fixed
@@ -378,13 +378,13 @@ class ModeBigramLanguage:
         return tokens.to(device), p.log().to(device)
 
 
-# ----------------------------------------------------------------------------- Chapter 8 task (M11.2)
+# ----------------------------------------------------------------------------- Chapter 8 task
 __all__ += ["mqar"]
 
 
 def mqar(batch: int, n_pairs: int, vocab: int, *, n_queries: int | None = None,
          generator: torch.Generator | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Multi-query associative recall (Zoology, Arora et al. 2024), M11.2.
+    """Multi-query associative recall (Zoology, Arora et al. 2024).
 
     ``inputs (batch, 2*n_pairs + n_queries)`` = ``k1 v1 ... kn vn q1 ... qm``: ``n_pairs`` distinct keys
     (lower half of the data tokens) with random values (upper half), then ``n_queries`` keys of the
@@ -410,7 +410,7 @@ __all__ += ["mqar_zoology"]
 
 def mqar_zoology(batch: int, n_pairs: int, vocab: int, seq_len: int, *, power_a: float = 0.01,
                  generator: torch.Generator | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """MQAR in the form of Zoology's own generator (Arora et al. 2024, ``multiquery_ar``), M11.2.
+    """MQAR in the form of Zoology's own generator (Arora et al. 2024, ``multiquery_ar``).
 
     ``inputs, targets (batch, seq_len)``: ``k1 v1 ... kn vn`` first, keys and values each distinct within
     a row (keys from the lower half of the data tokens, values from the upper half), then a stretch of
@@ -448,13 +448,13 @@ def mqar_zoology(batch: int, n_pairs: int, vocab: int, seq_len: int, *, power_a:
     return inputs.to(device), targets.to(device)
 
 
-# ----------------------------------------------------------------------------- Chapter 9 tasks (M11.3, M11.4)
+# ----------------------------------------------------------------------------- Chapter 9 tasks
 __all__ += ["selective_copying", "induction_heads"]
 
 
 def selective_copying(batch: int, length: int, n_tokens: int, vocab: int, *,
                       generator: torch.Generator | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Selective copying (Gu & Dao 2023, M11.3): ``inputs, targets (batch, length + n_tokens)``.
+    """Selective copying (Gu & Dao 2023): ``inputs, targets (batch, length + n_tokens)``.
 
     The first ``length`` positions hold ``n_tokens`` random data tokens (``2 .. vocab-1``) at random,
     sorted positions and ``PAD`` (the noise/blank token) everywhere else; the last ``n_tokens``
@@ -478,7 +478,7 @@ def selective_copying(batch: int, length: int, n_tokens: int, vocab: int, *,
 
 def induction_heads(batch: int, length: int, vocab: int, *, generator: torch.Generator | None = None,
                     device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Induction heads (Olsson et al. 2022; Gu & Dao 2023, Table 2; M11.4): ``inputs, targets (batch, length)``.
+    """Induction heads (Olsson et al. 2022; Gu & Dao 2023, Table 2): ``inputs, targets (batch, length)``.
 
     Random data tokens (``2 .. vocab-1``) with the trigger ``BOS`` once at a random position ``p`` in
     ``0 .. length-3`` and again at the last position; the answer is the token after the first trigger,

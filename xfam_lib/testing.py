@@ -248,7 +248,7 @@ def copy_from_torch_layer(ours, theirs) -> None:
             getattr(ours, name).load_state_dict(getattr(theirs, name).state_dict())
 
 
-# ----------------------------------------------------------------------------- Monte-Carlo helpers (M3.1)
+# ----------------------------------------------------------------------------- Monte-Carlo helpers
 def mc_variance(d_k: int, n_samples: int = 20000, *, mean: float = 0.0, std: float = 1.0, scale: float = 1.0,
                 generator: torch.Generator | None = None) -> float:
     """Empirical variance of ``scale * (q . k)`` for ``q, k`` with i.i.d. ``N(mean, std^2)`` components.

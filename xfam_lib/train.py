@@ -17,7 +17,7 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
     """Mean cross-entropy via log-sum-exp: ``logits (..., V)``, ``targets (...)`` -> scalar.
 
     The target distribution is ``q = (1 - eps) * one_hot(target) + eps / V`` with
-    ``eps = label_smoothing`` (M1.17; 0 gives plain ``-log softmax(logits)[target]``), so the loss is
+    ``eps = label_smoothing`` (0 gives plain ``-log softmax(logits)[target]``), so the loss is
     ``logsumexp(z) - (1 - eps) * z[target] - eps * mean(z)``, as ``F.cross_entropy(label_smoothing=eps)``.
     Its gradient with respect to the logits is ``(softmax(logits) - q) / N``. Targets equal to
     ``ignore_index`` (any int, e.g. ``PAD`` or -100) are left out, and ``N`` counts the others (the
@@ -45,7 +45,7 @@ def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
     """The warm-up ("Noam") schedule of Vaswani et al.: ``factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)``.
 
     ``step`` counts updates from 1. The rate rises linearly for ``warmup`` steps, peaks at
-    ``step == warmup`` with ``factor * (d_model * warmup)**-0.5``, then decays as ``step**-0.5`` (M1.23).
+    ``step == warmup`` with ``factor * (d_model * warmup)**-0.5``, then decays as ``step**-0.5``.
     To drive an optimiser whose ``lr`` is 1: ``LambdaLR(opt, lambda s: noam_lr(s + 1, d_model, warmup))``
     (``LambdaLR`` counts from 0).
     """

@@ -514,7 +514,7 @@ def _check_seq2seq(model, src, bos_id: int, max_len: int) -> None:
 def sample_decode(model: EncoderDecoder, src: torch.Tensor, bos_id: int, max_len: int, *,
                   temperature: float = 1.0, use_cache: bool = True,
                   generator: torch.Generator | None = None) -> torch.Tensor:
-    """Decode an `EncoderDecoder` token by token, drawing each from ``softmax(logits / temperature)`` (M1.19).
+    """Decode an `EncoderDecoder` token by token, drawing each from ``softmax(logits / temperature)``.
 
     ``temperature=0`` takes the argmax (greedy decoding). ``src (B, S)`` → ``(B, max_len)`` tokens
     (BOS not included; ``(0, max_len)`` for an empty batch). With ``use_cache`` each step feeds one

@@ -1,5 +1,5 @@
-"""Content-based sparsity (chapter 7): LSH attention as in Reformer (M7.12, M7.13) and the
-Routing Transformer's k-means clusters (M7.16)."""
+"""Content-based sparsity (chapter 7): LSH attention as in Reformer and the
+Routing Transformer's k-means clusters."""
 from __future__ import annotations
 
 import math
@@ -27,7 +27,7 @@ def lsh_rotations(d: int, n_buckets: int, n_rounds: int, seed: int, *, device=No
 
 
 def lsh_hash(x: torch.Tensor, n_buckets: int, n_rounds: int = 1, seed: int = 0) -> torch.Tensor:
-    """Angular LSH by random rotations (M7.12, Andoni et al. 2015 as used by Kitaev et al. 2020).
+    """Angular LSH by random rotations (Andoni et al. 2015 as used by Kitaev et al. 2020).
 
     ``x (..., L, d)`` → bucket ids ``(..., n_rounds, L)`` in ``[0, n_buckets)``:
     ``h(x) = argmax([xR; -xR])`` with ``R`` of `lsh_rotations` (one per round, shared by all leading
@@ -43,8 +43,8 @@ def lsh_hash(x: torch.Tensor, n_buckets: int, n_rounds: int = 1, seed: int = 0) 
 
 def lsh_collision_rate(theta: float, n_buckets: int, *, n_pairs: int = 2000, d: int = 16, n_rounds: int = 8,
                        seed: int = 0) -> float:
-    """Fraction of unit-vector pairs at angle ``theta`` (radians) that `lsh_hash` puts in the same bucket
-    (M7.12), over ``n_pairs`` random pairs in ``d`` dimensions and ``n_rounds`` rounds of rotations.
+    """Fraction of unit-vector pairs at angle ``theta`` (radians) that `lsh_hash` puts in the same bucket,
+    over ``n_pairs`` random pairs in ``d`` dimensions and ``n_rounds`` rounds of rotations.
 
     With 2 buckets the hash is the side of a random hyperplane, so the rate estimates ``1 - theta / pi``.
     """
@@ -97,9 +97,9 @@ def _lsh_buckets(qk, n_buckets, n_rounds, seed, buckets):
 def lsh_attention(qk: torch.Tensor, v: torch.Tensor, n_buckets: int, chunk_len: int, n_rounds: int = 1,
                   seed: int = 0, causal: bool = False, *, scale: float | None = None,
                   buckets: torch.Tensor | None = None) -> torch.Tensor:
-    """Reformer LSH attention (M7.13, Kitaev et al. 2020): shared QK, sort by bucket, attend in chunks.
+    """Reformer LSH attention (Kitaev et al. 2020): shared QK, sort by bucket, attend in chunks.
 
-    ``qk (..., L, d)``, ``v (..., L, d_v)`` → ``(..., L, d_v)``. Keys are ``qk / ||qk||`` (ERRATA E7.4).
+    ``qk (..., L, d)``, ``v (..., L, d_v)`` → ``(..., L, d_v)``. Keys are ``qk / ||qk||``.
     Each round hashes ``qk`` (`lsh_hash`, or the given ``buckets (..., n_rounds, L)``), sorts the
     positions by (bucket, position), cuts the sorted order into chunks of ``chunk_len`` (the last
     padded), and lets every chunk attend to itself and the chunk before it (cyclically), as the
@@ -188,7 +188,7 @@ def _check_centroids(x, centroids):
 
 def routing_assign(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
     """Cluster of each vector ``x (..., L, d)`` → ``(..., L)``: the centroid ``(k, d)`` of largest cosine
-    similarity, ``argmax_c <x/|x|, mu_c/|mu_c|>`` (nearest centroid on the unit sphere, M7.16)."""
+    similarity, ``argmax_c <x/|x|, mu_c/|mu_c|>`` (nearest centroid on the unit sphere)."""
     check_tensor("x", x, min_rank=1, floating=True)
     _check_centroids(x, centroids)
     work = compute_dtype(x.dtype)
@@ -197,7 +197,7 @@ def routing_assign(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
 
 
 def routing_mask(q: torch.Tensor, k: torch.Tensor, centroids: torch.Tensor, causal: bool = False) -> torch.Tensor:
-    """Routing Transformer mask ``(..., Lq, Lk)`` (M7.16, Roy et al. 2021): query ``i`` may attend key ``j``
+    """Routing Transformer mask ``(..., Lq, Lk)`` (Roy et al. 2021): query ``i`` may attend key ``j``
     iff both are routed to the same centroid (and ``j <= i`` with ``causal``, bottom-right aligned)."""
     check_tensor("q", q, min_rank=2, floating=True)
     check_tensor("k", k, min_rank=2, floating=True)
@@ -209,7 +209,7 @@ def routing_mask(q: torch.Tensor, k: torch.Tensor, centroids: torch.Tensor, caus
 
 def kmeans_ema_update(centroids: torch.Tensor, x: torch.Tensor, assignments: torch.Tensor,
                       decay: float = 0.999) -> torch.Tensor:
-    """One online k-means step (M7.16): ``mu_c <- decay mu_c + (1 - decay) mean{x_i : a_i = c}``.
+    """One online k-means step: ``mu_c <- decay mu_c + (1 - decay) mean{x_i : a_i = c}``.
 
     ``centroids (k, d)``, ``x (N, d)`` (any leading dims are flattened), ``assignments`` the matching
     cluster ids. A cluster with no member keeps its centroid. Returns new centroids, no gradient.
@@ -237,7 +237,7 @@ def kmeans_ema_update(centroids: torch.Tensor, x: torch.Tensor, assignments: tor
 
 def routing_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, centroids: torch.Tensor, window: int, *,
                       scale: float | None = None) -> torch.Tensor:
-    """Balanced routing attention as the Routing Transformer code runs it (M7.16): ``q (..., Lq, d)``,
+    """Balanced routing attention as the Routing Transformer code runs it: ``q (..., Lq, d)``,
     ``k (..., Lk, d)``, ``v (..., Lk, d_v)``, ``centroids (C, d)`` → ``(..., Lq, d_v)``, non-causal.
 
     Cluster ``c`` takes the ``window`` queries and the ``window`` keys most similar to it (cosine, as in

@@ -1,4 +1,4 @@
-"""The chapter's gallery of patterns (M7.1): one width knob per pattern, the FLOPs of a masked
+"""The chapter's gallery of patterns: one width knob per pattern, the FLOPs of a masked
 product, and how a mask falls into the tiles a fused kernel skips or computes."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ GALLERY = ("sliding window", "dilated", "strided", "fixed", "blockwise", "Image 
 
 
 def pattern_mask(name: str, L: int, size: int, *, seed: int = 0) -> torch.Tensor:
-    """One pattern of `GALLERY` as a boolean ``(L, L)`` mask, with one width knob ``size`` (M7.1).
+    """One pattern of `GALLERY` as a boolean ``(L, L)`` mask, with one width knob ``size``.
 
     ``size`` is the window (sliding window, Longformer, sinks), the dilated window (dilation 2), the
     stride (strided, fixed with ``c = 1``), the block length (blockwise with identity permutation,
@@ -57,7 +57,7 @@ def pattern_mask(name: str, L: int, size: int, *, seed: int = 0) -> torch.Tensor
 
 
 def masked_attention_flops(mask: torch.Tensor, d_k: int, d_v: int | None = None) -> int:
-    """FLOPs of attention computed only on the allowed pairs of ``mask``: ``2 nnz (d_k + d_v)`` (M7.1).
+    """FLOPs of attention computed only on the allowed pairs of ``mask``: ``2 nnz (d_k + d_v)``.
 
     Each allowed pair costs one ``d_k`` dot product for the score and one ``d_v`` multiply-add for the
     output (2 FLOPs per multiply-add, as `bench.attention_flops`, which is the full mask's value).

@@ -1,6 +1,6 @@
 """The kernels that make masks pay (chapter 7), each beside its dense reference: sliding-window
-and Longformer attention (M7.2, M7.9), block-sparse attention (M7.1), factorised heads (M7.6),
-blockwise attention (M7.8) and Dual Chunk Attention (M7.17)."""
+and Longformer attention, block-sparse attention, factorised heads,
+blockwise attention and Dual Chunk Attention."""
 from __future__ import annotations
 
 import torch
@@ -101,7 +101,7 @@ def _sliding_window(q, k, v, window: int, causal: bool, scale: float, chunk: int
 
 def longformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, global_idx=(), *,
                          scale: float | None = None) -> torch.Tensor:
-    """Longformer attention without the L x L matrix (M7.10): equals `dense_masked_attention` with
+    """Longformer attention without the L x L matrix: equals `dense_masked_attention` with
     ``longformer_mask(L, window, 1, global_idx)``. ``q, k (..., L, d_k)``, ``v (..., L, d_v)``.
 
     Three parts: the band, by `sliding_window_attention`'s chunks (with its logsumexp); the global keys
@@ -203,7 +203,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
 
 
 class FactorizedSparseAttention(nn.Module):
-    """Multi-head self-attention with several sparse masks combined one of three ways (M7.6, Child et al. 2019).
+    """Multi-head self-attention with several sparse masks combined one of three ways (Child et al. 2019).
 
     ``masks`` is a sequence of boolean ``(L, L)`` masks (e.g. ``strided_mask(L, s, part="local")`` and
     ``part="strided"``). ``mode``:
@@ -259,7 +259,7 @@ class FactorizedSparseAttention(nn.Module):
 def dense_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
                            scale: float | None = None) -> torch.Tensor:
     """The reference every sparse kernel is checked against: softmax attention over the full ``L x L``
-    scores with ``mask`` (True = may attend); a row with no allowed key returns zeros (M7.1)."""
+    scores with ``mask`` (True = may attend); a row with no allowed key returns zeros."""
     check_tensor("mask", mask, min_rank=2)
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
@@ -268,7 +268,7 @@ def dense_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
 
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_blocks: int, perm=None, *,
                         scale: float | None = None) -> torch.Tensor:
-    """Blockwise attention by reshaping (M7.8): ``q, k (..., L, d_k)``, ``v (..., L, d_v)`` → ``(..., L, d_v)``.
+    """Blockwise attention by reshaping: ``q, k (..., L, d_k)``, ``v (..., L, d_v)`` → ``(..., L, d_v)``.
 
     ``q`` becomes ``(..., n, L/n, d_k)``, the key and value blocks are reordered by ``perm``, and each
     query block attends only its key block, so the scores are ``(..., n, L/n, L/n)``: ``L²/n``
@@ -290,7 +290,7 @@ def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_blo
 
 def dca_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pretrain_len: int, chunk: int,
                   local_window: int, *, base: float = 10000.0, scale: float | None = None) -> torch.Tensor:
-    """Causal Dual Chunk Attention with RoPE (M7.17): ``q, k (..., L, d_k)`` (unrotated, even ``d_k``),
+    """Causal Dual Chunk Attention with RoPE: ``q, k (..., L, d_k)`` (unrotated, even ``d_k``),
     ``v (..., L, d_v)`` → ``(..., L, d_v)``.
 
     Keys are rotated once to ``j mod chunk``; the queries are rotated three times, to the intra,

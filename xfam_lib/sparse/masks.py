@@ -1,8 +1,7 @@
 """Sparse attention patterns as boolean masks and block layouts, and the graph view of a mask
-(chapter 7): sliding window and dilated window (M7.2, M7.3), Sparse Transformer strided and fixed
-(M7.5), Longformer, attention sinks and BigBird (M7.9–M7.11), Image Transformer local blocks
-(M7.4), blockwise (M7.8), ETC (M7.9), Dual Chunk Attention's positions (M7.17); `nnz`,
-`receptive_field`, `hop_distances`, `graph_diameter` (M7.1)."""
+(chapter 7): sliding window and dilated window, Sparse Transformer strided and fixed, Longformer,
+attention sinks and BigBird, Image Transformer local blocks, blockwise, ETC, Dual Chunk Attention's
+positions; `nnz`, `receptive_field`, `hop_distances`, `graph_diameter`."""
 from __future__ import annotations
 
 import numbers
@@ -16,7 +15,7 @@ from ._checks import _check_part, _offsets
 
 def sliding_window_mask(L: int, window: int, causal: bool = False, *,
                         device: torch.device | str | None = None) -> torch.Tensor:
-    """Band mask ``(L, L)``: ``|i - j| <= window``, or ``0 <= i - j <= window`` with ``causal=True`` (M7.2).
+    """Band mask ``(L, L)``: ``|i - j| <= window``, or ``0 <= i - j <= window`` with ``causal=True``.
 
     The dense reference for `sliding_window_attention`. Each row has at most ``2 window + 1``
     (causal: ``window + 1``) True entries, so the mask has O(L · window) of them.
@@ -29,7 +28,7 @@ def sliding_window_mask(L: int, window: int, causal: bool = False, *,
 
 def dilated_mask(L: int, window: int, dilation: int, causal: bool = True, *,
                  device: torch.device | str | None = None) -> torch.Tensor:
-    """Dilated (atrous) band ``(L, L)`` (M7.3): key ``j`` is allowed iff ``(i - j) % dilation == 0`` and
+    """Dilated (atrous) band ``(L, L)``: key ``j`` is allowed iff ``(i - j) % dilation == 0`` and
     ``|i - j| <= window * dilation`` (causal: ``0 <= i - j <= window * dilation``).
 
     ``window`` counts the dilated neighbours on each side, so a row keeps ``window + 1`` (causal) or
@@ -46,7 +45,7 @@ def dilated_mask(L: int, window: int, dilation: int, causal: bool = True, *,
 
 def strided_mask(L: int, stride: int, *, part: str = "union",
                  device: torch.device | str | None = None) -> torch.Tensor:
-    """Sparse Transformer *strided* pattern ``(L, L)``, causal (M7.5, Child et al. 2019).
+    """Sparse Transformer *strided* pattern ``(L, L)``, causal (Child et al. 2019).
 
     Two factorised heads, both inside ``j <= i``:
 
@@ -70,7 +69,7 @@ def strided_mask(L: int, stride: int, *, part: str = "union",
 
 def fixed_mask(L: int, stride: int, c: int, *, part: str = "union",
                device: torch.device | str | None = None) -> torch.Tensor:
-    """Sparse Transformer *fixed* pattern ``(L, L)``, causal (M7.5, Child et al. 2019; ERRATA E7.1).
+    """Sparse Transformer *fixed* pattern ``(L, L)``, causal (Child et al. 2019).
 
     Positions are cut into blocks of ``stride``; the last ``c`` positions of each block are its
     summary cells. Both heads are intersected with ``j <= i``:
@@ -97,7 +96,7 @@ def fixed_mask(L: int, stride: int, c: int, *, part: str = "union",
 
 def fixed_layout(n_blocks: int, stride_blocks: int, c_blocks: int, *,
                  device: torch.device | str | None = None) -> torch.Tensor:
-    """The *fixed* pattern on blocks, a layout ``(n_blocks, n_blocks)`` for `block_sparse_attention` (M7.5).
+    """The *fixed* pattern on blocks, a layout ``(n_blocks, n_blocks)`` for `block_sparse_attention`.
 
     `fixed_mask` applied to block indices: query block ``a`` sees key block ``b <= a`` in its own group of
     ``stride_blocks`` blocks or among the last ``c_blocks`` blocks of every group. A diagonal block is
@@ -124,7 +123,7 @@ def _global_indices(global_idx, L: int, device) -> torch.Tensor:
 
 def longformer_mask(L: int, window: int, dilation: int = 1, global_idx=(), *,
                     device: torch.device | str | None = None) -> torch.Tensor:
-    """Longformer pattern ``(L, L)`` (M7.10, Beltagy et al. 2020): a two-sided (dilated) window plus
+    """Longformer pattern ``(L, L)`` (Beltagy et al. 2020): a two-sided (dilated) window plus
     global tokens.
 
     Allowed iff ``dilated_mask(L, window, dilation, causal=False)[i, j]``, or ``i`` or ``j`` is in
@@ -138,7 +137,7 @@ def longformer_mask(L: int, window: int, dilation: int = 1, global_idx=(), *,
 
 def sink_window_mask(L: int, n_sink: int, window: int, *,
                      device: torch.device | str | None = None) -> torch.Tensor:
-    """Attention sinks plus a recent window ``(L, L)``, causal (M7.18, Xiao et al. 2024).
+    """Attention sinks plus a recent window ``(L, L)``, causal (Xiao et al. 2024).
 
     Query ``i`` may attend key ``j <= i`` iff ``j < n_sink`` (the first tokens, the "sinks") or
     ``i - j <= window`` (itself and the ``window`` previous tokens).
@@ -152,7 +151,7 @@ def sink_window_mask(L: int, n_sink: int, window: int, *,
 
 def bigbird_layout(n_blocks: int, n_window: int, n_random: int, n_global: int, seed: int, *,
                    device: torch.device | str | None = None) -> torch.Tensor:
-    """BigBird block layout ``(n_blocks, n_blocks)`` for `block_sparse_attention` (M7.11, Zaheer et al. 2020).
+    """BigBird block layout ``(n_blocks, n_blocks)`` for `block_sparse_attention` (Zaheer et al. 2020).
 
     * window: query block ``a`` sees key blocks ``|a - b| <= n_window``;
     * global: the first ``n_global`` blocks attend to every block and every block attends to them;
@@ -260,7 +259,7 @@ def graph_diameter(mask: torch.Tensor) -> float:
 
 
 def local1d_mask(L: int, q_block: int, mem_len: int, *, device: torch.device | str | None = None) -> torch.Tensor:
-    """Image Transformer 1-D local attention ``(L, L)``, causal in raster order (M7.4, Parmar et al. 2018).
+    """Image Transformer 1-D local attention ``(L, L)``, causal in raster order (Parmar et al. 2018).
 
     The flattened image is cut into query blocks of ``q_block`` positions; every query in the block
     starting at ``s`` sees the ``mem_len`` positions before the block and the earlier positions of its
@@ -276,7 +275,7 @@ def local1d_mask(L: int, q_block: int, mem_len: int, *, device: torch.device | s
 
 def local2d_mask(H: int, W: int, q_h: int, q_w: int, ext_h: int, ext_w: int, *,
                  device: torch.device | str | None = None) -> torch.Tensor:
-    """Image Transformer 2-D local attention ``(H*W, H*W)`` over pixels in raster order (M7.4).
+    """Image Transformer 2-D local attention ``(H*W, H*W)`` over pixels in raster order.
 
     The image is tiled into ``q_h x q_w`` query blocks. A block's memory is the block extended by
     ``ext_h`` rows above and ``ext_w`` columns left and right; pixel ``i`` sees the pixels ``j`` of
@@ -312,7 +311,7 @@ def _blockwise_size(L: int, n_blocks: int) -> int:
 
 
 def blockwise_layout(n_blocks: int, perm=None, *, device: torch.device | str | None = None) -> torch.Tensor:
-    """Permutation-matrix layout ``(n, n)``: query block ``a`` attends key block ``perm[a]`` (M7.8)."""
+    """Permutation-matrix layout ``(n, n)``: query block ``a`` attends key block ``perm[a]``."""
     n_blocks = check_positive_int("n_blocks", n_blocks)
     p = _check_perm(perm, n_blocks)
     layout = torch.zeros(n_blocks, n_blocks, dtype=torch.bool)
@@ -321,7 +320,7 @@ def blockwise_layout(n_blocks: int, perm=None, *, device: torch.device | str | N
 
 
 def blockwise_mask(L: int, n_blocks: int, perm=None, *, device: torch.device | str | None = None) -> torch.Tensor:
-    """Blockwise (BlockBERT) token mask ``(L, L)`` (M7.8, Qiu et al. 2020; ERRATA E7.3): the sequence is
+    """Blockwise (BlockBERT) token mask ``(L, L)`` (Qiu et al. 2020): the sequence is
     cut into ``n_blocks`` blocks of ``L / n_blocks`` and query block ``a`` sees key block ``perm[a]``
     (default: the identity, each block sees itself). ``L % n_blocks != 0`` raises ``ValueError``."""
     L = check_positive_int("L", L)
@@ -330,7 +329,7 @@ def blockwise_mask(L: int, n_blocks: int, perm=None, *, device: torch.device | s
 
 
 def etc_masks(segment_ids, radius: int, *, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
-    """ETC's four attention pieces for structured input (M7.9, Ainslie et al. 2020), boolean, True = may attend.
+    """ETC's four attention pieces for structured input (Ainslie et al. 2020), boolean, True = may attend.
 
     ``segment_ids`` ``(n_l,)`` gives the segment (e.g. sentence) of each long token, as integers
     ``0 .. n_g - 1``; there is one global token per segment, so ``n_g = max + 1``. Returns
@@ -400,7 +399,7 @@ def _dca_parts(L, chunk, device):
 
 def dca_position_matrix(L: int, pretrain_len: int, chunk: int, local_window: int, *, part: str = "all",
                         device: torch.device | str | None = None) -> torch.Tensor:
-    """Dual Chunk Attention relative positions ``(L, L)`` (M7.17, An et al. 2024; ERRATA E7.6), ``-1`` where
+    """Dual Chunk Attention relative positions ``(L, L)`` (An et al. 2024), ``-1`` where
     not attended. Keys sit at ``j mod chunk``; queries at
 
     * ``part="intra"`` (same chunk): ``i mod chunk``, so ``M = i - j``;

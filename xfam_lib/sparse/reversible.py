@@ -1,5 +1,5 @@
 """Memory for depth (chapter 7): reversible residual blocks, chunked feed-forward layers and
-recomputation (M7.14, M7.15, M7.7)."""
+recomputation."""
 from __future__ import annotations
 
 import torch
@@ -10,7 +10,7 @@ from ..utils import check_positive_int, check_tensor
 
 
 class RevBlock(nn.Module):
-    """Reversible residual block (M7.14, Gomez et al. 2017): ``y1 = x1 + F(x2)``, ``y2 = x2 + G(y1)``.
+    """Reversible residual block (Gomez et al. 2017): ``y1 = x1 + F(x2)``, ``y2 = x2 + G(y1)``.
 
     `inverse` recovers ``x2 = y2 - G(y1)``, ``x1 = y1 - F(x2)`` from the outputs alone, so a stack of
     them need not store its activations (`reversible_sequence`). ``F`` and ``G`` must be deterministic
@@ -63,7 +63,7 @@ class _Reversible(torch.autograd.Function):
 
 def reversible_sequence(blocks, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply `RevBlock` s in order, storing only the final outputs: activation memory does not grow with
-    depth, and the backward pass recomputes each block from its reconstructed input (M7.14). Outputs
+    depth, and the backward pass recomputes each block from its reconstructed input. Outputs
     and gradients equal the plain ``for block in blocks: x1, x2 = block(x1, x2)`` up to rounding."""
     blocks = list(blocks)
     if not blocks or not all(isinstance(b, RevBlock) for b in blocks):
@@ -78,7 +78,7 @@ def reversible_sequence(blocks, x1: torch.Tensor, x2: torch.Tensor) -> tuple[tor
 
 def chunked_ff(ff, x: torch.Tensor, n_chunks: int) -> torch.Tensor:
     """Position-wise feed-forward ``ff`` applied to ``n_chunks`` slices of the sequence (dim -2) in turn
-    (M7.15, Reformer): the hidden ``(..., L, d_ff)`` activation exists for ``L / n_chunks`` rows at a
+    (Reformer): the hidden ``(..., L, d_ff)`` activation exists for ``L / n_chunks`` rows at a
     time. Equal to ``ff(x)`` because ``ff`` acts on each position separately; a ragged last chunk is fine."""
     check_tensor("x", x, min_rank=2)
     n_chunks = check_positive_int("n_chunks", n_chunks)
@@ -87,7 +87,7 @@ def chunked_ff(ff, x: torch.Tensor, n_chunks: int) -> torch.Tensor:
 
 def checkpointed_sequence(blocks, x: torch.Tensor) -> torch.Tensor:
     """Apply ``blocks`` in order, keeping only each block's input for backward and recomputing its inside
-    (gradient checkpointing, M7.7, Chen et al. 2016). Gradients equal the plain loop's."""
+    (gradient checkpointing, Chen et al. 2016). Gradients equal the plain loop's."""
     blocks = list(blocks)
     if not blocks:
         raise ValueError("blocks must be a non-empty sequence of modules")

@@ -21,7 +21,7 @@ Conventions (see the book's conventions page and ``shared/API.md``):
   (state-spaces/mamba): ``u, delta, z (batch, d_inner, L)``, ``A (d_inner, N)``,
   ``B, C`` fixed ``(d_inner, N)`` or input-dependent ``(batch, N, L)`` (or grouped
   ``(batch, G, N, L)``). Its discretisation is ``A_bar = exp(delta * A)`` but ``B_bar = delta * B``
-  (Euler), not full ZOH (ERRATA E9.6); full ZOH is in `discretize`.
+  (Euler), not full ZOH; full ZOH is in `discretize`.
 * fp16/bf16 are computed in fp32 and returned in their dtype; fp64 stays fp64 (mamba's reference
   computes fp64 inputs in fp32; here fp64 is kept so that checks can be tight).
 """

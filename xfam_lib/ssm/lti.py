@@ -1,4 +1,4 @@
-"""Linear time-invariant SSMs (chapter 9, M9.1–M9.5, M9.7): discretisation, the kernel, the
+"""Linear time-invariant SSMs (chapter 9): discretisation, the kernel, the
 recurrence and the FFT convolution; S4D's diagonal layer; H3, linear attention built from SSMs."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ._common import (_broadcast_batch, _check_numeric, _check_sequence, _is_dia
 _METHODS = ("zoh", "bilinear", "euler")
 
 
-# ----------------------------------------------------------------------------- discretisation (M9.2)
+# ----------------------------------------------------------------------------- discretisation
 def discretize(A: torch.Tensor, B: torch.Tensor, delta, method: str = "zoh"):
     """Discretise ``x'(t) = A x(t) + B u(t)`` with step ``delta``: returns ``(A_bar, B_bar)``.
 
@@ -34,7 +34,7 @@ def discretize(A: torch.Tensor, B: torch.Tensor, delta, method: str = "zoh"):
       ``B_bar = (I - dA/2)^{-1} delta B``.
     * ``"euler"`` (forward Euler): ``A_bar = I + dA``, ``B_bar = delta B``.
 
-    Mamba's `selective_scan` mixes them: ``exp(dA)`` with the Euler ``B_bar = delta B`` (E9.6).
+    Mamba's `selective_scan` mixes them: ``exp(dA)`` with the Euler ``B_bar = delta B``.
     Real or complex inputs; fp16/bf16 are computed in fp32 and returned in their dtype.
     """
     fn = "discretize"
@@ -103,7 +103,7 @@ def discretize(A: torch.Tensor, B: torch.Tensor, delta, method: str = "zoh"):
     return A_bar.expand(batch + (n, n)).contiguous().to(out), B_bar.expand(batch + (n,)).contiguous().to(out)
 
 
-# ----------------------------------------------------------------------------- LTI kernel, recurrence, conv (M9.1, M9.3)
+# ----------------------------------------------------------------------------- LTI kernel, recurrence, conv
 def _check_length(fn: str, u: torch.Tensor) -> None:
     if u.shape[-1] == 0:
         raise ValueError(f"{fn}: u must have a positive length L (last dim), got shape {tuple(u.shape)}")
@@ -156,7 +156,7 @@ def ssm_kernel(A_bar: torch.Tensor, B_bar: torch.Tensor, C: torch.Tensor, length
 
 
 def ssm_recurrence(A_bar: torch.Tensor, B_bar: torch.Tensor, C: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Loop reference (M9.1): ``x_k = A_bar x_{k-1} + B_bar u_k``, ``y_k = C x_k``, ``x_{-1} = 0``.
+    """Loop reference: ``x_k = A_bar x_{k-1} + B_bar u_k``, ``y_k = C x_k``, ``x_{-1} = 0``.
 
     ``u (..., L)`` → ``y (..., L)``; ``B_bar, C (..., N)``; ``A_bar`` diagonal ``(..., N)`` or dense
     ``(..., N, N)``. The system's batch dims broadcast against ``u``'s.
@@ -208,7 +208,7 @@ def ssm_convolve(u: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
     return y[..., :length].to(out)
 
 
-# ----------------------------------------------------------------------------- S4D (M9.5)
+# ----------------------------------------------------------------------------- S4D
 _S4D_INITS = ("lin", "inv")
 
 
@@ -321,7 +321,7 @@ class S4DLayer(torch.nn.Module):
         return F.glu(self.out(F.gelu(y)), dim=-1)
 
 
-# ----------------------------------------------------------------------------- H3 (M9.7)
+# ----------------------------------------------------------------------------- H3
 def shift_ssm_kernel(c: torch.Tensor, length: int) -> torch.Tensor:
     """Kernel of H3's shift SSM: ``A`` the ``N x N`` shift matrix, ``B = e_0``, ``C = c``.
 
@@ -370,7 +370,7 @@ class H3Layer(torch.nn.Module):
     """The H3 layer (Fu et al. 2023): SSM-built linear attention with a shift SSM and a diagonal SSM.
 
     ``x (batch, L, d_model)`` → ``(batch, L, d_model)``. ``q, k, v`` are three linear projections of
-    ``x`` (ERRATA E9.3), split into ``H = d_model / head_dim`` heads; then `h3_mix` with a learnt
+    ``x``, split into ``H = d_model / head_dim`` heads; then `h3_mix` with a learnt
     shift kernel (`shift_ssm_kernel` of ``c (H, d_h, d_state)``) on ``k`` and an S4D diagonal SSM
     (S4D-Lin, one per entry of the ``d_h x d_h`` state) on ``k̄ ⊙ v``, and an output projection.
     """

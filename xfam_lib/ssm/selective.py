@@ -1,4 +1,4 @@
-"""Selective SSMs (chapter 9, M9.8–M9.10): parallel scans, the selective scan in its sequential,
+"""Selective SSMs (chapter 9): parallel scans, the selective scan in its sequential,
 chunked and scan forms, and the Mamba block."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ _SCAN_MODES = ("sequential", "chunk", "scan")
 _SCAN_METHODS = ("hillis_steele", "blelloch")
 
 
-# ----------------------------------------------------------------------------- scans (M9.9)
+# ----------------------------------------------------------------------------- scans
 def segsum(x: torch.Tensor) -> torch.Tensor:
     """Segment sums ``S[..., t, s] = x_{s+1} + ... + x_t`` for ``s <= t`` (0 on the diagonal), ``-inf`` above.
 
@@ -100,7 +100,7 @@ def _blelloch(a0: torch.Tensor, b0: torch.Tensor) -> torch.Tensor:
     return a0 * b[..., :length] + b0                                     # inclusive = exclusive, then own element
 
 
-# ----------------------------------------------------------------------------- selective scan (M9.8, M9.9)
+# ----------------------------------------------------------------------------- selective scan
 def _check_scan_inputs(u, delta, A, B, C, D, z, delta_bias):
     for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
                     ("delta_bias", delta_bias)):
@@ -388,7 +388,7 @@ def _factored_chunk_scan(dt, dtu, A, B_l, C_l, size: int):
     return y.reshape(batch, dim, n_chunks * size)[:, :, :length], x
 
 
-# ----------------------------------------------------------------------------- Mamba block (M9.10)
+# ----------------------------------------------------------------------------- Mamba block
 class MambaBlock(torch.nn.Module):
     """The Mamba mixer (Gu & Dao 2023), with the parameter names of the reference ``mamba_simple.Mamba``.
 

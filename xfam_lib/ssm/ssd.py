@@ -1,4 +1,4 @@
-"""Mamba-2's state space duality (chapter 9, M9.11): the SSD scan, its matrix and attention forms,
+"""Mamba-2's state space duality (chapter 9): the SSD scan, its matrix and attention forms,
 and the chunked algorithm that joins them."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ._common import _work_dtype
 from .selective import segsum
 
 
-# ----------------------------------------------------------------------------- Mamba-2 / SSD (M9.11)
+# ----------------------------------------------------------------------------- Mamba-2 / SSD
 def _check_ssd(fn: str, x, a, B, C):
     """``x (batch, L, H, P)``, ``a (batch, L, H)``, ``B, C (batch, L, G, N)`` with ``G`` dividing ``H``."""
     for name, t in (("x", x), ("a", a), ("B", B), ("C", C)):
