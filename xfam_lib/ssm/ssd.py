@@ -94,10 +94,13 @@ def ssd_chunked(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tens
 
     1. inside each chunk, the attention form (`ssd_matrix` on the chunk);
     2. each chunk's own end state ``sum_s exp(a_{s+1} + ... + a_end) x_s B_s^T``;
-    3. a recurrence over chunks passing states from chunk to chunk (scalar decays per chunk);
+    3. the states passed from chunk to chunk (scalar decays per chunk), as one masked product over
+       the ``L / T + 1`` chunk states, as ``ssd_minimal.py`` does: quadratic in their number;
     4. each position reads the state that entered its chunk, decayed to it, through ``C_t``.
 
-    Cost ``O(L T (N + P))`` for chunk length ``T`` instead of ``O(L^2)``; equal to `ssd_scan`.
+    Cost ``O(L T (N + P) + L N P + (L / T)^2 N P)`` for chunk length ``T`` (per head), instead of
+    ``O(L^2)``: linear in ``L`` while ``L / T`` stays small against ``T (N + P) / (N P)``; equal to
+    `ssd_scan`.
     """
     chunk_size = check_positive_int("chunk_size", chunk_size)
     out = x.dtype
