@@ -127,6 +127,26 @@ def test_s4d_init_lin_and_inv_M9_5():
         s4d_kernel(torch.zeros(3), torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.cfloat), 4)
 
 
+def test_s4d_init_real_and_random_M9_5():
+    """M9.5: S4D-Real A_n = -(n+1), real (the diagonal of HiPPO-LegS, A_nn = -(n+1)); "random": per channel N/2
+    eigenvalues of G/sqrt(N) - I, one of each conjugate pair (so, for a pair, the member with Im > 0), every
+    real part <= -0.01, reproducible under one seed, different across channels."""
+    A_re, A_im = s4d_init(2, 8, "real")
+    assert_close(A_re, -torch.arange(1.0, 5.0).expand(2, -1))
+    assert bool((A_im == 0).all())
+    torch.manual_seed(3)
+    A_re, A_im = s4d_init(3, 16, "random")
+    torch.manual_seed(3)
+    G = torch.randn(3, 16, 16, dtype=F64)
+    ev = torch.linalg.eigvals(G / 4 - torch.eye(16, dtype=F64))
+    for h in range(3):
+        top = ev[h][ev[h].imag.argsort(descending=True)][:8]
+        assert_close(A_im[h].double(), top.imag, atol=1e-6, rtol=1e-6)
+        assert_close(A_re[h].double(), top.real.clamp_max(-1e-2), atol=1e-6, rtol=1e-6)
+    assert A_re.shape == A_im.shape == (3, 8) and float(A_re.max()) < 0
+    assert not torch.equal(A_im[0], A_im[1])
+
+
 def test_s4d_layer_fft_equals_recurrence_and_is_causal_M9_5(gen):
     """M9.5: the S4D layer (FFT convolution with its kernel) ≡ the same layer run as N complex recurrences per
     channel with ZOH (`ssm_recurrence`), fp64, outputs and parameter gradients; and it is causal."""
