@@ -2,7 +2,7 @@
 
 * `lti`: discretisation, the LTI kernel, recurrence and FFT convolution; S4D; H3;
 * `selective`: parallel scans, the selective scan and the Mamba block;
-* `ssd`: Mamba-2's state space duality.
+* `ssd`: Mamba-2's state space duality and the Mamba-2 block.
 
 Every public name is importable from ``xfam_lib.ssm`` itself.
 
@@ -28,7 +28,7 @@ Conventions (see the book's conventions page and ``shared/API.md``):
 from .lti import (H3Layer, S4DKernel, S4DLayer, discretize, h3_mix, s4d_init, s4d_kernel, shift_ssm_kernel,
                   ssm_convolve, ssm_kernel, ssm_recurrence)
 from .selective import MambaBlock, associative_scan, segsum, selective_scan
-from .ssd import ssd_attention_form, ssd_chunked, ssd_matrix, ssd_scan
+from .ssd import Mamba2Block, ssd_attention_form, ssd_chunked, ssd_matrix, ssd_scan
 
 __all__ = [
     "discretize",
@@ -46,6 +46,7 @@ __all__ = [
     "h3_mix",
     "H3Layer",
     "MambaBlock",
+    "Mamba2Block",
     "ssd_scan",
     "ssd_matrix",
     "ssd_attention_form",

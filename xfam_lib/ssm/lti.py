@@ -209,17 +209,22 @@ def ssm_convolve(u: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- S4D
-_S4D_INITS = ("lin", "inv")
+_S4D_INITS = ("lin", "inv", "real", "random")
 
 
 def s4d_init(d_model: int, d_state: int, init: str = "lin") -> tuple[torch.Tensor, torch.Tensor]:
     """The S4D initial eigenvalues ``A = A_re + i A_im``, each ``(d_model, d_state // 2)`` (Gu et al. 2022).
 
     Only one of each conjugate pair is kept (``d_state`` must be even); the kernel adds the other
-    half as ``2 * Re``. Mode ``n = 0 .. N/2-1``, all with ``A_re = -1/2``:
+    half as ``2 * Re``. Mode ``n = 0 .. N/2-1``:
 
-    * ``"lin"`` (S4D-Lin): ``A_im = pi n`` (frequencies on a linear grid, like a Fourier basis);
-    * ``"inv"`` (S4D-Inv): ``A_im = (N / pi) (N / (2n + 1) - 1)`` (an approximation of S4's HiPPO-LegS spectrum).
+    * ``"lin"`` (S4D-Lin): ``A_re = -1/2``, ``A_im = pi n`` (frequencies on a linear grid, like a Fourier basis);
+    * ``"inv"`` (S4D-Inv): ``A_re = -1/2``, ``A_im = (N / pi) (N / (2n + 1) - 1)`` (an approximation of the
+      imaginary parts of S4D-LegS, the eigenvalues of HiPPO-LegS's normal part);
+    * ``"real"`` (S4D-Real): ``A = -(n + 1)``, real (HiPPO-LegS's own diagonal; Mamba's initial ``A``);
+    * ``"random"``: per channel, the ``N/2`` eigenvalues with the largest imaginary parts (one of each
+      conjugate pair) of the stable random matrix ``G / sqrt(N) - I``, ``G`` standard normal drawn from
+      torch's global generator; real parts capped at ``-0.01`` so that every mode decays.
     """
     d_model = check_positive_int("d_model", d_model)
     d_state = check_positive_int("d_state", d_state)
@@ -228,6 +233,13 @@ def s4d_init(d_model: int, d_state: int, init: str = "lin") -> tuple[torch.Tenso
     if init not in _S4D_INITS:
         raise ValueError(f"s4d_init: init must be one of {_S4D_INITS}, got {init!r}")
     n = torch.arange(d_state // 2, dtype=torch.float32)
+    if init == "random":
+        G = torch.randn(d_model, d_state, d_state, dtype=torch.float64)
+        ev = torch.linalg.eigvals(G / math.sqrt(d_state) - torch.eye(d_state, dtype=torch.float64))
+        ev = ev.gather(-1, ev.imag.argsort(dim=-1, descending=True))[:, : d_state // 2]
+        return ev.real.clamp_max(-1e-2).float(), ev.imag.float()
+    if init == "real":
+        return -(n + 1).expand(d_model, -1).clone(), torch.zeros(d_model, d_state // 2)
     A_im = math.pi * n if init == "lin" else d_state / math.pi * (d_state / (2 * n + 1) - 1)
     return torch.full((d_model, d_state // 2), -0.5), A_im.expand(d_model, -1).clone()
 

@@ -1,12 +1,14 @@
 """Mamba-2's state space duality (chapter 9): the SSD scan, its matrix and attention forms,
-and the chunked algorithm that joins them."""
+the chunked algorithm that joins them, and the Mamba-2 block around it."""
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 
 from ..utils import check_positive_int, check_tensor
-from ._common import _work_dtype
+from ._common import _check_sequence, _work_dtype
 from .selective import segsum
 
 
@@ -94,10 +96,13 @@ def ssd_chunked(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tens
 
     1. inside each chunk, the attention form (`ssd_matrix` on the chunk);
     2. each chunk's own end state ``sum_s exp(a_{s+1} + ... + a_end) x_s B_s^T``;
-    3. a recurrence over chunks passing states from chunk to chunk (scalar decays per chunk);
+    3. the states passed from chunk to chunk (scalar decays per chunk), as one masked product over
+       the ``L / T + 1`` chunk states, as ``ssd_minimal.py`` does: quadratic in their number;
     4. each position reads the state that entered its chunk, decayed to it, through ``C_t``.
 
-    Cost ``O(L T (N + P))`` for chunk length ``T`` instead of ``O(L^2)``; equal to `ssd_scan`.
+    Cost ``O(L T (N + P) + L N P + (L / T)^2 N P)`` for chunk length ``T`` (per head), instead of
+    ``O(L^2)``: linear in ``L`` while ``L / T`` stays small against ``T (N + P) / (N P)``; equal to
+    `ssd_scan`.
     """
     chunk_size = check_positive_int("chunk_size", chunk_size)
     out = x.dtype
@@ -120,3 +125,79 @@ def ssd_chunked(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tens
     y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states[:, :-1], torch.exp(a.cumsum(-1)))  # step 4
     y = (y_diag + y_off).reshape(batch, n_chunks * chunk_size, heads, p)[:, :length].to(out)
     return (y, states[:, -1]) if return_final_state else y
+
+
+# ----------------------------------------------------------------------------- Mamba-2 block
+class _GatedGroupRMSNorm(torch.nn.Module):
+    """``norm(y * silu(z))``: RMSNorm over each of ``groups`` equal slices of the last dim, then a weight."""
+
+    def __init__(self, dim: int, groups: int, eps: float):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+        self.groups, self.eps = groups, eps
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        out = y.dtype
+        g = (y.float() * F.silu(z.float())).unflatten(-1, (self.groups, -1))
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * g.flatten(-2).to(out)
+
+
+class Mamba2Block(torch.nn.Module):
+    """The Mamba-2 mixer (Dao & Gu 2024), with the parameter names of Hugging Face's ``Mamba2Mixer``.
+
+    ``x (batch, L, d_model)`` → ``(batch, L, d_model)``, with ``E = expand * d_model = H * head_dim``
+    inner channels in ``H`` heads and ``n_groups`` groups of ``B, C`` (``G`` dividing ``H``):
+
+    1. ``in_proj``, one projection *in parallel*: ``x -> z (E), xBC (E + 2 G N), dt (H)``;
+    2. ``conv1d``: a causal depthwise convolution of width ``d_conv`` over ``xBC`` together, then SiLU;
+    3. split into ``x (batch, L, H, P)``, ``B, C (batch, L, G, N)``; ``delta = softplus(dt + dt_bias)``
+       and a scalar ``A = -exp(A_log)`` per head;
+    4. `ssd_chunked` on ``(delta x, delta A, B, C)``, plus the skip ``D x`` per head;
+    5. ``norm``: RMSNorm of ``y * silu(z)`` per group of channels; ``out_proj``: ``E -> d_model``.
+
+    Initialisation as the reference: ``A = -(1..H)``, ``D = 1``, ``dt_bias`` the inverse softplus of
+    steps log-uniform in ``[dt_min, dt_max]``.
+    """
+
+    def __init__(self, d_model: int, d_state: int = 64, d_conv: int = 4, expand: int = 2, head_dim: int = 64,
+                 n_groups: int = 1, chunk_size: int = 64, eps: float = 1e-5, dt_min: float = 1e-3,
+                 dt_max: float = 1e-1, dt_init_floor: float = 1e-4, conv_bias: bool = True, bias: bool = False):
+        super().__init__()
+        for name, val in (("d_model", d_model), ("d_state", d_state), ("d_conv", d_conv), ("expand", expand),
+                          ("head_dim", head_dim), ("n_groups", n_groups), ("chunk_size", chunk_size)):
+            check_positive_int(name, val)
+        e = expand * d_model
+        if e % head_dim or (e // head_dim) % n_groups:
+            raise ValueError(f"Mamba2Block: head_dim must divide expand * d_model = {e} and n_groups the number "
+                             f"of heads; got head_dim {head_dim}, n_groups {n_groups}")
+        self.d_model, self.d_state, self.d_inner, self.head_dim = d_model, d_state, e, head_dim
+        self.heads, self.n_groups, self.chunk_size = e // head_dim, n_groups, chunk_size
+        conv_dim = e + 2 * n_groups * d_state
+        self.in_proj = torch.nn.Linear(d_model, e + conv_dim + self.heads, bias=bias)
+        self.conv1d = torch.nn.Conv1d(conv_dim, conv_dim, d_conv, groups=conv_dim, padding=d_conv - 1,
+                                      bias=conv_bias)
+        self.dt_bias = torch.nn.Parameter(torch.empty(self.heads))
+        self.A_log = torch.nn.Parameter(torch.log(torch.arange(1, self.heads + 1, dtype=torch.float32)))
+        self.D = torch.nn.Parameter(torch.ones(self.heads))
+        self.norm = _GatedGroupRMSNorm(e, n_groups, eps)
+        self.out_proj = torch.nn.Linear(e, d_model, bias=bias)
+        with torch.no_grad():
+            dt = torch.exp(torch.rand(self.heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+            dt = dt.clamp(min=dt_init_floor)
+            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_sequence("Mamba2Block: x", x, self.d_model)
+        b, length, _ = x.shape
+        e, g, n = self.d_inner, self.n_groups, self.d_state
+        z, xbc, dt = self.in_proj(x).split([e, e + 2 * g * n, self.heads], dim=-1)
+        xbc = F.silu(self.conv1d(xbc.transpose(1, 2))[..., :length]).transpose(1, 2)  # causal: drop the tail
+        u, B, C = xbc.split([e, g * n, g * n], dim=-1)
+        u = u.reshape(b, length, self.heads, self.head_dim)
+        B, C = B.reshape(b, length, g, n), C.reshape(b, length, g, n)
+        delta = F.softplus(dt + self.dt_bias)                                        # (b, L, H)
+        A = -torch.exp(self.A_log.to(_work_dtype(self.A_log.dtype)))
+        y = ssd_chunked(u * delta[..., None], delta * A, B, C, chunk_size=self.chunk_size)
+        y = (y + self.D[:, None] * u).reshape(b, length, e)
+        return self.out_proj(self.norm(y, z))
