@@ -93,3 +93,50 @@ def test_window_cannot_recall_beyond_its_reach_while_dense_can():
                             window=2)
     assert r["accuracy_far"]["window"][0] < 3 * r["chance"]
     assert r["accuracy_far"]["dense"][0] > 0.8
+
+
+@pytest.mark.parametrize("L,chunk_len,n_rounds,causal", [(12, 3, 1, False), (13, 4, 2, False), (10, 3, 3, True)])
+def test_lsh_pairs_are_the_chunk_pairs_of_a_loop(L, chunk_len, n_rounds, causal):
+    buckets = torch.randint(0, 4, (2, n_rounds, L), generator=torch.Generator().manual_seed(L))
+    pairs = sparse.lsh_pairs(buckets, chunk_len, causal)
+    n_chunks = -(-L // chunk_len)
+    for b in range(2):
+        ref = torch.zeros(L, L, dtype=torch.bool)
+        for r in range(n_rounds):
+            order = sorted(range(L), key=lambda i: (buckets[b, r, i].item(), i))
+            chunk = {pos: rank // chunk_len for rank, pos in enumerate(order)}
+            for i in range(L):
+                for j in range(L):
+                    ref[i, j] |= chunk[j] in (chunk[i], (chunk[i] - 1) % n_chunks) and not (causal and j > i)
+        assert torch.equal(pairs[b], ref)
+
+
+def test_lsh_pairs_rejects_float_buckets():
+    with pytest.raises(ValueError, match="buckets must be integer ids"):
+        sparse.lsh_pairs(torch.zeros(1, 8), 4)
+
+
+def test_stacked_lsh_model_records_the_share_of_pairs_it_scores():
+    """One round: every query scores its chunk and the one before, 2 * chunk_len of L keys; two rounds
+    score more, but at most twice as many."""
+    L, c = 24, 4
+    ids = torch.randint(2, 20, (1, 3, L), generator=torch.Generator().manual_seed(1))
+    shares = []
+    for rounds in (1, 2):
+        net = StackedRecallNet(20, L, torch.ones(1, L, L, dtype=torch.bool), [True], [0], d_model=16, n_heads=2,
+                               n_layers=2, n_buckets=4, chunk_len=c, n_rounds=rounds)
+        net.lsh_density = []
+        with torch.no_grad():
+            net(ids)
+        assert len(net.lsh_density) == 2                                  # one entry per layer
+        shares.append(torch.stack(net.lsh_density))
+    assert torch.allclose(shares[0], torch.tensor(2 * c / L))
+    assert (shares[1] > 2 * c / L).all() and (shares[1] <= 4 * c / L).all()
+
+
+def test_window_and_global_window_are_set_apart():
+    r = train_sparse_recall(("window", "window + global"), seeds=(0,), n_pairs=4, steps=1, batch=2, eval_batch=2,
+                            n_global=2, window=3, global_window=1)
+    L = 2 + 3 * 4
+    assert r["density"]["window"] == sparse.nnz(sparse.sliding_window_mask(L, 3)) / L ** 2
+    assert r["density"]["window + global"] == sparse.nnz(sparse.longformer_mask(L, 1, 1, range(2))) / L ** 2

@@ -661,6 +661,10 @@ def induction_heads_run(kind: str, *, train_len: int = 32, test_lens: Sequence[i
 
 # ----------------------------------------------------------------------------- Chapter 7
 SPARSE_RECALL_PATTERNS = ("dense", "window", "window + global", "BigBird", "LSH")
+# MQAR with 16 pairs after 2 global tokens (50 positions): each sparse pattern keeps about a quarter of the
+# pairs (window 6; window 4 + global; BigBird blocks of 2; LSH chunks of 6, one round)
+SPARSE_RECALL_EQUAL_PAIRS = {"n_pairs": 16, "n_global": 2, "window": 6, "global_window": 4, "block": 2,
+                             "n_buckets": 8, "chunk_len": 6, "n_rounds": 1}
 
 
 def sparse_recall_mask(pattern: str, length: int, *, n_global: int, window: int, block: int,
@@ -696,7 +700,9 @@ class StackedRecallNet(nn.Module):
     ``forward(ids (M, B, L)) -> logits (M, B, L, vocab)``. ``masks (M, L, L)`` boolean; the models
     with ``lsh[m]`` True use `sparse.lsh_attention` (shared QK: the query projection is also the key;
     fresh rotations for each ``hash_seed``) and ignore their mask. ``seeds[m]`` seeds model ``m``'s
-    initial weights, so models with the same seed start from the same weights.
+    initial weights, so models with the same seed start from the same weights. While ``lsh_density``
+    is a list, each forward appends, per layer, the share of pairs each LSH model scored
+    (`sparse.lsh_pairs`, mean over batch and heads; a tensor with one entry per LSH model).
     """
 
     def __init__(self, vocab: int, length: int, masks: torch.Tensor, lsh: Sequence[bool], seeds: Sequence[int], *,
@@ -711,6 +717,7 @@ class StackedRecallNet(nn.Module):
         self.register_buffer("masks", masks.bool())
         self.register_buffer("lsh", torch.tensor(list(lsh), dtype=torch.bool))
         self.n_heads, self.n_layers, self.hash_seed = n_heads, n_layers, 0
+        self.lsh_density: list | None = None
         self.lsh_args = dict(n_buckets=n_buckets, chunk_len=chunk_len, n_rounds=n_rounds)
         D = d_model
         shapes = {"embed": (vocab, D), "pos": (length, D), "shift_w": (2 * D, D), "shift_b": (D,),
@@ -752,8 +759,13 @@ class StackedRecallNet(nn.Module):
         if fixed.any():
             y[fixed] = scaled_dot_product_attention(q[fixed], k[fixed], v[fixed], self.masks[fixed][:, None, None])
         if self.lsh.any():
-            y[self.lsh] = sparse.lsh_attention(q[self.lsh], v[self.lsh], seed=self.hash_seed + 1000 * i,
-                                               **self.lsh_args)
+            seed = self.hash_seed + 1000 * i
+            y[self.lsh] = sparse.lsh_attention(q[self.lsh], v[self.lsh], seed=seed, **self.lsh_args)
+            if self.lsh_density is not None:
+                a = self.lsh_args
+                buckets = sparse.lsh_hash(q[self.lsh], a["n_buckets"], a["n_rounds"], seed)
+                pairs = sparse.lsh_pairs(buckets, a["chunk_len"])        # (M_lsh, B, H, L, L)
+                self.lsh_density.append(pairs.float().mean((1, 2, 3, 4)))
         return self._linear(y.transpose(2, 3).reshape(M, B, L, D), f"out{i}")
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -767,26 +779,32 @@ class StackedRecallNet(nn.Module):
 
 
 def train_sparse_recall(patterns: Sequence[str] = SPARSE_RECALL_PATTERNS, seeds: Sequence[int] = (0, 1, 2), *,
-                        n_pairs: int = 8, n_global: int = 4, window: int = 4, block: int = 4, steps: int = 300,
+                        n_pairs: int = 8, n_global: int = 4, window: int = 4, global_window: int | None = None,
+                        block: int = 4, steps: int = 300,
                         d_model: int = 32, n_heads: int = 2, n_layers: int = 2, batch: int = 32, lr: float = 3e-3,
                         eval_batch: int = 256, n_buckets: int = 4, chunk_len: int = 4, n_rounds: int = 2) -> dict:
     """Train one `StackedRecallNet` per (pattern, seed) on `mqar` after ``n_global`` BOS tokens.
 
     Every model has the same parameters, initial weights (per seed) and batches (per seed); only the
-    attention pattern (`sparse_recall_mask`, or LSH) differs. Each model's loss is its own mean over the
+    attention pattern (`sparse_recall_mask`, or LSH) differs; "window + global" uses ``global_window``
+    (default ``window``), so its window can be narrowed to keep as many pairs as the window alone. The
+    models attend in both directions (the task is posed bidirectionally). Each model's loss is its own mean over the
     query positions, so the models train independently (AdamW is elementwise; no gradient clipping).
     Accuracy is measured on ``eval_batch`` fresh sequences (seed ``10_000 + seed``), overall and split
     by whether the query's value token is more than ``n_layers * window + 1`` positions back, out of a
     window stack's reach (the ``+ 1``: the token after the value also holds it, through the shift).
     Returns per-seed lists for ``accuracy``, ``accuracy_far``, ``accuracy_near`` and ``loss`` (every
-    step), the masks' ``density`` (nnz / L², mean over seeds; None for LSH), ``chance`` (one over the
+    step), the masks' ``density`` (nnz / L², mean over seeds; for LSH the share of pairs it scored at
+    evaluation, `sparse.lsh_pairs`, mean over layers, heads, sequences and seeds), ``chance`` (one over the
     number of value tokens), ``length``, ``reach`` and ``far_share`` (the share of far queries).
     """
     seeds = [int(s) for s in seeds]
     vocab = 4 * n_pairs + 2
     length = n_global + 3 * n_pairs
     runs = [(p, s) for p in patterns for s in seeds]
-    masks = [sparse_recall_mask(p, length, n_global=n_global, window=window, block=block, seed=s) for p, s in runs]
+    global_window = window if global_window is None else global_window
+    masks = [sparse_recall_mask(p, length, n_global=n_global, window=global_window if p == "window + global"
+                                else window, block=block, seed=s) for p, s in runs]
     stack = torch.stack([torch.ones(length, length, dtype=torch.bool) if m is None else m for m in masks])
     model = StackedRecallNet(vocab, length, stack, [m is None for m in masks], [s for _, s in runs],
                              d_model=d_model, n_heads=n_heads, n_layers=n_layers, n_buckets=n_buckets,
@@ -814,8 +832,11 @@ def train_sparse_recall(patterns: Sequence[str] = SPARSE_RECALL_PATTERNS, seeds:
     ids, targets = sample(eval_batch, [torch.Generator().manual_seed(10_000 + s) for s in seeds])
     model.eval()
     model.hash_seed = 10 ** 6
+    model.lsh_density = []
     with torch.no_grad():
         correct = model(ids).argmax(-1) == targets
+    lsh_density = torch.stack(model.lsh_density).mean().item() if model.lsh_density else None
+    model.lsh_density = None
     first_query = n_global + 2 * n_pairs
     keys = ids[..., n_global:first_query:2]                                           # (M, B, n_pairs)
     slot = (keys[..., None, :] == ids[..., first_query:, None]).float().argmax(-1)     # pair of each query
@@ -832,7 +853,7 @@ def train_sparse_recall(patterns: Sequence[str] = SPARSE_RECALL_PATTERNS, seeds:
         "accuracy_far": by_pattern([hit[i][far[i]].float().mean().item() for i in range(len(runs))]),
         "accuracy_near": by_pattern([hit[i][~far[i]].float().mean().item() for i in range(len(runs))]),
         "loss": by_pattern(curve.tolist()),
-        "density": {p: None if p == "LSH" else statistics.fmean(
+        "density": {p: lsh_density if p == "LSH" else statistics.fmean(
             sparse.nnz(m) / length ** 2 for m, (q, _) in zip(masks, runs) if q == p) for p in patterns},
         "chance": 1 / (vocab - N_SPECIAL - (vocab - N_SPECIAL) // 2),
         "length": length, "reach": n_layers * window + 1, "far_share": far.float().mean().item(),

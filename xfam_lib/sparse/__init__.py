@@ -23,7 +23,7 @@ Conventions (as in `xfam_lib.attention` and ``shared/API.md``):
   builders here return. A query row with no allowed key returns zeros.
 """
 from .content import (SELF_LOGIT, kmeans_ema_update, lsh_attention, lsh_attention_reference, lsh_collision_rate,
-                      lsh_hash, lsh_rotations, routing_assign, routing_attention, routing_mask)
+                      lsh_hash, lsh_pairs, lsh_rotations, routing_assign, routing_attention, routing_mask)
 from .gallery import (GALLERY, masked_attention_flops, pattern_mask, tile_occupancy)
 from .kernels import (FactorizedSparseAttention, block_sparse_attention, blockwise_attention, dca_attention,
                       dca_attention_reference, dense_masked_attention, longformer_attention,
@@ -65,6 +65,7 @@ __all__ = [
     "lsh_collision_rate",
     "lsh_attention",
     "lsh_attention_reference",
+    "lsh_pairs",
     "SELF_LOGIT",
     "RevBlock",
     "reversible_sequence",

@@ -152,6 +152,27 @@ def lsh_attention(qk: torch.Tensor, v: torch.Tensor, n_buckets: int, chunk_len: 
     return out.to(in_dtype)
 
 
+def lsh_pairs(buckets: torch.Tensor, chunk_len: int, causal: bool = False) -> torch.Tensor:
+    """The (query, key) pairs `lsh_attention` scores, as a boolean mask ``(..., L, L)``, from the
+    bucket ids ``buckets (..., n_rounds, L)``: the union over rounds of "the key sits in the query's
+    chunk of the sorted order or in the chunk before it (cyclically)", and ``j <= i`` if ``causal``.
+    ``nnz / L²`` of this mask is LSH attention's density, to set against a fixed pattern's."""
+    check_tensor("buckets", buckets, min_rank=2)
+    if buckets.dtype.is_floating_point or buckets.dtype == torch.bool:
+        raise ValueError(f"buckets must be integer ids (..., n_rounds, L), got {buckets.dtype}")
+    chunk_len = check_block_size("chunk_len", chunk_len)
+    length = buckets.shape[-1]
+    pos = torch.arange(length, device=buckets.device)
+    order = torch.argsort(buckets.long() * length + pos, dim=-1)
+    chunk = torch.argsort(order, dim=-1) // chunk_len                                  # (..., R, L)
+    n_chunks = -(-length // chunk_len)
+    ci, cj = chunk.unsqueeze(-1), chunk.unsqueeze(-2)
+    allowed = ((ci == cj) | (cj == (ci - 1) % n_chunks)).any(dim=-3)
+    if causal:
+        allowed = allowed & (pos[None, :] <= pos[:, None])
+    return allowed
+
+
 def lsh_attention_reference(qk: torch.Tensor, v: torch.Tensor, buckets: torch.Tensor, chunk_len: int,
                             causal: bool = False, *, scale: float | None = None) -> torch.Tensor:
     """`lsh_attention` written with dense masks, for reading and testing: ``qk (L, d)``, ``v (L, d_v)``,
