@@ -112,7 +112,9 @@ def main() -> None:
         saved = json.loads(args.out.read_text())
         if any(saved["config"][k] != cfg[k] for k in TRAINING):
             raise ValueError(f"cannot resume: the saved runs were trained with {saved['config']}")
-        runs = [{**r, "machine": r.get("machine", saved["machine"])} for r in saved["runs"]]
+        runs = saved["runs"]
+        for r in runs:   # runs saved before runs carried their own record ran where the file did
+            r.setdefault("machine", saved["machine"])
         start -= saved["wall_time_s"]
     seed0, rest = cfg["seeds"][0], cfg["seeds"][1:]
     first = [(f, *pt, lr, seed0) for pt in points(cfg) for lr in cfg["lrs"] for f in cfg["families"]]

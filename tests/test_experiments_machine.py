@@ -1,5 +1,6 @@
 """experiments/: every script records the machine it ran on as `xfam_lib.utils.machine_record` (through
-``common.save_result`` or directly), and results are merged only on the machine that made them.
+``common.save_result`` or directly), and results are merged only on the machine that made them (or run
+by run, each run with its own record, as arena_converged.py resumes).
 
 The scripts are read, not run (their ``--quick`` runs take 15 s to 2 minutes each); the helpers are
 called on tiny dictionaries. About 1 s in all on a busy machine, most of it importing
