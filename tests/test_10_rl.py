@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 
 from xfam_lib.attention import causal_mask
 from xfam_lib.rl import (
+    best_episodes,
     CueRecallNet,
     DecisionTransformer,
     GRUGate,
     GTrXLBlock,
     ChainMDP,
+    GambleChain,
     LSTMPolicy,
     TMaze,
     TransformerPolicy,
@@ -28,8 +30,10 @@ from xfam_lib.rl import (
     gate_deviation,
     interleave_trajectory,
     layer_gradient_norms,
+    markovian_share,
     match_parameters,
     play_episodes,
+    position_influence,
     reinforce_loss,
     returns_to_go,
     rollout,
@@ -209,6 +213,63 @@ def test_layer_gradient_norms_identity_limits_M10_2_M10_7(gen):
         layer_gradient_norms(pre, x, w[:, :3])
     with pytest.raises(ValueError, match="at least one block"):
         layer_gradient_norms([], x, w)
+
+
+def test_position_influence_equals_one_nudged_pass_per_position_M10_2(gen):
+    """Entry p is the change of the last output when position p alone is nudged, checked against a
+    separate forward per position (fp64); a stack that copies its input (zeroed sub-layers) moves only
+    with the current position, so its share is exactly 1; the past positions of a causal stack never
+    see a later nudge."""
+    x, nudge = _randn(2, 6, 8, gen=gen), 1e-3 * _randn(2, 8, gen=gen)
+    torch.manual_seed(6)
+    blocks = [GTrXLBlock(8, 2, gate="gru", bias_init=1.0).double() for _ in range(3)]
+
+    def last(h):
+        for blk in blocks:
+            h = blk(h)
+        return h[:, -1]
+
+    with torch.no_grad():
+        want = []
+        for p in range(6):
+            h = x.clone()
+            h[:, p] += nudge
+            want.append((last(h) - last(x)).norm())
+    assert_close(position_influence(blocks, x, nudge), torch.stack(want))
+    torch.manual_seed(6)
+    copy = [GTrXLBlock(8, 2, gate="residual", relu=False).double() for _ in range(2)]
+    for blk in copy:
+        for lin in (blk.attn.out_proj, blk.ff.linear2):
+            torch.nn.init.zeros_(lin.weight)
+            torch.nn.init.zeros_(lin.bias)
+    influence = position_influence(copy, x, nudge)
+    assert torch.equal(influence[:-1], torch.zeros(5, dtype=F64))
+    assert markovian_share(influence) == 1.0
+    assert markovian_share(torch.tensor([3.0, 1.0, 1.0])) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="nudge must be"):
+        position_influence(blocks, x, nudge[:1])
+    with pytest.raises(ValueError, match="at least two positions"):
+        markovian_share(torch.tensor([1.0]))
+
+
+def test_gate_bias_gives_the_most_markovian_start_M10_3():
+    """Parisotto et al.'s hypothesis for b_g > 0, measured at initialisation over 3 seeds, at the
+    paper's 12 layers and at the policies' 4: the current position's share of the last output
+    (against the mean of the past positions) is largest for GTrXL with b_g = 2, next for the
+    reordered stack without gates (TrXL-I), and smallest for the gate at b_g = 0."""
+    stacks = {"gtrxl": dict(gate="gru", bias_init=2.0), "trxl_i": dict(gate="residual"),
+              "post": dict(gate="residual", reorder=False), "b0": dict(gate="gru", bias_init=0.0)}
+    for depth in (12, 4):
+        for seed in range(3):
+            g = torch.Generator().manual_seed(seed)
+            x, nudge = torch.randn(2, 12, 16, generator=g), 1e-3 * torch.randn(2, 16, generator=g)
+            share = {}
+            for name, kw in stacks.items():
+                torch.manual_seed(seed)
+                blocks = [GTrXLBlock(16, 2, **kw) for _ in range(depth)]
+                share[name] = markovian_share(position_influence(blocks, x, nudge))
+            assert share["gtrxl"] > share["trxl_i"] > share["b0"], (depth, seed, share)
+            assert share["post"] > share["b0"], (depth, seed, share)
 
 
 def test_cue_recall_batch_and_net_M10_2():
@@ -420,6 +481,61 @@ def test_rollout_tracks_the_target_on_the_lock_chain_M10_5():
     assert_close(rollout(model, env, 4.0, episodes=16), rollout(model, env, torch.full((16,), 4.0)))
     with pytest.raises(ValueError, match="target_return must have 1 dims"):
         rollout(model, env, torch.zeros(2, 2))
+
+
+def test_best_episodes_keeps_the_top_fraction_in_order_M10_5():
+    """%BC's data: ceil(fraction * N) episodes, every kept return at least every dropped one, the kept
+    episodes in their original order with all their fields; bad fractions are refused."""
+    env = ChainMDP(n_states=6, horizon=5)
+    data = collect_offline_dataset(env, 40, p_open=(0.1, 0.5, 0.9), seed=2)
+    top = best_episodes(data, 0.25)
+    assert len(top.returns) == 10
+    kept = [i for i in range(40) if any(torch.equal(data.states[i], s) and torch.equal(data.actions[i], a)
+                                        for s, a in zip(top.states, top.actions))]
+    assert len(kept) == 10 and torch.equal(data.returns[kept], top.returns)
+    dropped = [i for i in range(40) if i not in kept]
+    assert top.returns.min() >= data.returns[dropped].max()
+    assert torch.equal(top.rtg[:, 0], top.returns) and len(best_episodes(data, 0.01).returns) == 1
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="fraction"):
+            best_episodes(data, bad)
+
+
+def test_gamble_chain_hides_its_coins_and_logs_fair_actions_M10_5():
+    """Safe earns `safe`, gamble earns the hidden coin of that step; the state is the timestep alone;
+    with p_open=(0.5,) the logged actions are independent of the coins (frequencies near 1/2 whatever
+    the coin), so an episode's top return comes only from winning gambles."""
+    env = GambleChain(horizon=3, safe=0.6)
+    keys = torch.tensor([[1, 0, 1], [0, 0, 1]])
+    t = torch.tensor([0, 2])
+    nxt, reward = env.step(t, keys, torch.tensor([1, 1]))
+    assert nxt.tolist() == [1, 3] and reward.tolist() == [1.0, 1.0]
+    assert env.step(t, keys, torch.tensor([0, 0]))[1].tolist() == pytest.approx([0.6, 0.6])
+    assert env.step(torch.tensor([1, 0]), keys, torch.tensor([1, 1]))[1].tolist() == [0.0, 0.0]
+    assert torch.equal(env.observe(t, keys), torch.eye(3)[[0, 2]])
+    data = collect_offline_dataset(env, 4000, p_open=(0.5,), seed=0)
+    gambled = data.actions == 1
+    won = data.rewards == 1
+    assert abs(gambled.float().mean() - 0.5) < 0.03
+    assert gambled[won].all()                                                   # reward 1 only from gambles
+    top = data.returns == env.max_return
+    assert top.any() and gambled[top].all()
+    with pytest.raises(ValueError, match="0 \\(safe\\) or 1"):
+        env.step(t, keys, torch.tensor([2, 0]))
+
+
+def test_rollout_samples_when_not_greedy_M10_5():
+    """``greedy=False`` draws each action from the softmax of the logits: seeded, and for a model
+    whose two logits are equal, about half of each action, where the greedy path always plays the first."""
+    env = GambleChain(horizon=4, safe=0.0)
+    torch.manual_seed(0)
+    model = DecisionTransformer(env.obs_dim, 2, d_model=8, n_layers=1, n_heads=2, max_timestep=env.horizon)
+    torch.nn.init.zeros_(model.predict_action.weight)
+    torch.nn.init.zeros_(model.predict_action.bias)
+    sampled = rollout(model, env, 4.0, episodes=2000, seed=1, greedy=False)
+    assert torch.equal(sampled, rollout(model, env, 4.0, episodes=2000, seed=1, greedy=False))
+    assert abs(float(sampled.mean()) - 1.0) < 0.1             # each step gambles w.p. 1/2 and wins w.p. 1/2
+    assert torch.equal(rollout(model, env, 4.0, episodes=8), torch.zeros(8))  # argmax of a tie: safe, 0
 
 
 # ----------------------------------------------------------------------------- M10.2, M10.3: a memory task trained by policy gradient

@@ -8,7 +8,8 @@ seconds, with no download; `TMaze` (a `gymnasium.Env`), the LSTM and Transformer
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 
 import gymnasium as gym
 import numpy as np
@@ -22,10 +23,10 @@ from .transformer import FeedForward
 from .utils import check_bool, check_instance, check_positive_int, check_real, check_tensor, check_token_ids
 
 __all__ = [
-    "GRUGate", "GTrXLBlock", "gate_deviation", "layer_gradient_norms", "cue_recall_batch", "CueRecallNet",
+    "GRUGate", "GTrXLBlock", "gate_deviation", "layer_gradient_norms", "position_influence", "markovian_share", "cue_recall_batch", "CueRecallNet",
     "train_cue_recall",
     "returns_to_go", "interleave_trajectory", "dt_action_token_index", "DecisionTransformer",
-    "ChainMDP", "OfflineDataset", "collect_offline_dataset", "train_decision_transformer", "rollout",
+    "ChainMDP", "GambleChain", "OfflineDataset", "collect_offline_dataset", "best_episodes", "train_decision_transformer", "rollout",
     "TMaze", "LSTMPolicy", "TransformerPolicy", "count_parameters", "Episodes", "play_episodes",
     "reinforce_loss", "train_reinforce", "match_parameters",
 ]
@@ -109,6 +110,42 @@ def layer_gradient_norms(blocks, x: torch.Tensor, weight: torch.Tensor) -> tuple
         param_norms.append(sq.sqrt())
     return state_norms.detach(), torch.stack(param_norms).detach()
 
+
+@torch.no_grad()
+def position_influence(blocks, x: torch.Tensor, nudge: torch.Tensor) -> torch.Tensor:
+    """How far each input position moves the stack's output at the last position, ``(L,)``.
+
+    ``x (B, L, d)`` runs through ``blocks`` in order. For each position ``p`` the input ``x[:, p]`` alone
+    is moved by ``nudge (B, d)`` (the same vector at every ``p``); entry ``p`` is the norm, over the
+    batch, of the resulting change of the last position's output. A causal stack that ignores the
+    past gives zeros everywhere but at ``p = L - 1``.
+    """
+    blocks = list(blocks)
+    if not blocks:
+        raise ValueError("blocks must hold at least one block")
+    check_tensor("x", x, rank=3, floating=True)
+    check_tensor("nudge", nudge, rank=2, floating=True)
+    b, length, d = x.shape
+    if nudge.shape != (b, d):
+        raise ValueError(f"nudge must be (B={b}, d={d}) like x {tuple(x.shape)}, got {tuple(nudge.shape)}")
+    moved = x.unsqueeze(0).repeat(length, 1, 1, 1)           # (L, B, L, d): copy p has position p nudged
+    moved[torch.arange(length), :, torch.arange(length)] += nudge
+    h = torch.cat([x.unsqueeze(0), moved]).flatten(0, 1)
+    for blk in blocks:
+        h = blk(h)
+    last = h[:, -1].view(length + 1, b, d)
+    return (last[1:] - last[0]).flatten(1).norm(dim=1)
+
+
+def markovian_share(influence: torch.Tensor) -> float:
+    """``I_now / (I_now + mean(I_past))`` for a `position_influence` ``influence (L,)``: 1 for a stack
+    whose last output depends on the current position only, 0.5 when the current position weighs as
+    much as an average past one, below 0.5 when the past weighs more."""
+    check_tensor("influence", influence, rank=1, floating=True)
+    if influence.shape[0] < 2:
+        raise ValueError(f"influence must cover at least two positions, got shape {tuple(influence.shape)}")
+    now, past = influence[-1], influence[:-1].mean()
+    return float(now / (now + past))
 
 _GATES = ("residual", "gru")
 
@@ -383,6 +420,34 @@ class ChainMDP:
         return cells + opens.long(), opens.float()
 
 
+class GambleChain(ChainMDP):
+    """A stochastic chain for the luck failure of return conditioning (section 10.8): ``horizon`` steps,
+    two actions at each. Action 0 (*safe*) earns ``safe``; action 1 (*gamble*) earns 1 or 0 by a fair
+    coin drawn at reset and never shown. The observation ``(horizon,)`` is the one-hot timestep, so
+    nothing the agent sees predicts the coin. The same batched interface as `ChainMDP`: "cells" are
+    the timesteps ``(N,)`` and "keys" the coins ``(N, horizon)``. With ``collect_offline_dataset(...,
+    p_open=(0.5,))`` the logged actions are fair coin flips, independent of the hidden coins.
+    """
+
+    def __init__(self, horizon: int = 3, safe: float = 0.6):
+        self.horizon = self.n_states = check_positive_int("horizon", horizon)
+        self.safe = check_real("safe", safe, low=0.0, high=1.0)
+        self.max_return = self.horizon
+        self.obs_dim = self.horizon
+
+    def observe(self, cells: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """``(N, horizon)``: the one-hot timestep (the coins stay hidden)."""
+        return F.one_hot(cells, self.horizon).float()
+
+    def step(self, cells: torch.Tensor, keys: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(next timesteps (N,), rewards (N,))``."""
+        if actions.shape != cells.shape or not ((actions == 0) | (actions == 1)).all():
+            raise ValueError(f"actions must be 0 (safe) or 1 (gamble), one per episode {tuple(cells.shape)}, "
+                             f"got {tuple(actions.shape)} {actions.unique().tolist()}")
+        coin = keys.gather(1, cells[:, None])[:, 0].float()
+        return cells + 1, torch.where(actions == 1, coin, torch.full_like(coin, self.safe))
+
+
 @dataclass
 class OfflineDataset:
     """Episodes of one `ChainMDP`: ``states (N, T, obs_dim)``, ``actions (N, T)`` long, ``rewards (N, T)``,
@@ -424,6 +489,16 @@ def collect_offline_dataset(env: ChainMDP, n_episodes: int, *, p_open=(0.1, 0.3,
                           timesteps, rewards.sum(-1))
 
 
+def best_episodes(data: OfflineDataset, fraction: float) -> OfflineDataset:
+    """The ``ceil(fraction * N)`` episodes of ``data`` with the highest returns (ties broken by index),
+    the training set of %BC (Chen et al. 2021: behaviour cloning on the best X% of the data)."""
+    check_instance("data", data, OfflineDataset)
+    fraction = check_real("fraction", fraction, low=0.0, low_open=True, high=1.0)
+    n = len(data.returns)
+    keep = torch.sort(torch.argsort(data.returns, descending=True, stable=True)[:max(1, math.ceil(fraction * n))]).values
+    return OfflineDataset(*(getattr(data, f.name)[keep] for f in fields(OfflineDataset)))
+
+
 def train_decision_transformer(model: DecisionTransformer, data: OfflineDataset, *, steps: int = 300,
                                batch: int = 64, lr: float = 1e-3, seed: int = 0) -> list[float]:
     """Fit ``model`` to the dataset's actions (cross-entropy; MSE for continuous actions); returns the losses."""
@@ -454,13 +529,14 @@ def train_decision_transformer(model: DecisionTransformer, data: OfflineDataset,
 
 @torch.no_grad()
 def rollout(model: DecisionTransformer, env: ChainMDP, target_return, *, episodes: int = 1,
-            seed: int = 0) -> torch.Tensor:
-    """Play greedy episodes conditioned on a target return: the achieved returns ``(N,)``.
+            seed: int = 0, greedy: bool = True) -> torch.Tensor:
+    """Play episodes conditioned on a target return: the achieved returns ``(N,)``.
 
     ``target_return`` is one number (played in ``episodes`` episodes) or one target per episode, ``(N,)``.
     At step ``t`` the model sees each episode so far: returns-to-go ``target - rewards so far``, states,
-    actions (a placeholder for ``a_t``) and timesteps; it plays the argmax action read at ``s_t``. The
-    combinations are drawn with a CPU generator seeded with ``seed``.
+    actions (a placeholder for ``a_t``) and timesteps; it plays the argmax action read at ``s_t`` or,
+    with ``greedy=False``, samples it from the softmax of the logits. The combinations (and samples)
+    are drawn with a CPU generator seeded with ``seed``.
     """
     check_instance("model", model, DecisionTransformer)
     check_instance("env", env, ChainMDP)
@@ -471,8 +547,10 @@ def rollout(model: DecisionTransformer, env: ChainMDP, target_return, *, episode
     if not model.discrete:
         raise ValueError("rollout drives ChainMDP, which has discrete actions: use a discrete model")
     device = next(model.parameters()).device
+    check_bool("greedy", greedy)
     n = len(targets)
-    cells, keys = env.reset(n, torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed)
+    cells, keys = env.reset(n, gen)
     achieved = torch.zeros(n)
     rtg, states, actions = [], [], []
     for t in range(env.horizon):
@@ -481,7 +559,8 @@ def rollout(model: DecisionTransformer, env: ChainMDP, target_return, *, episode
         actions.append(torch.zeros(n, dtype=torch.long))        # placeholder for a_t, never seen by its prediction
         logits = model(torch.stack(rtg, 1).to(device), torch.stack(states, 1).to(device),
                        torch.stack(actions, 1).to(device), torch.arange(t + 1, device=device).expand(n, t + 1))
-        actions[-1] = logits[:, -1].argmax(-1).cpu()
+        last = logits[:, -1].float().cpu()
+        actions[-1] = last.argmax(-1) if greedy else torch.multinomial(last.softmax(-1), 1, generator=gen)[:, 0]
         cells, reward = env.step(cells, keys, actions[-1])
         achieved = achieved + reward
     return achieved
