@@ -142,9 +142,11 @@ def launches(full: bool = False, subset: bool = False, largest: bool = False) ->
     """The launches to compile: every GPU, dtype and size the wrappers serve, at the configs
     they would launch (``full``: every flash config, kept or not); ``largest``: head size 128
     and state size 256 only, in fp32 and one half dtype (bf16, or fp16 where bf16 is not
-    served); ``subset``: the cheap subset `in_subset`. Worst cases first: the largest size,
-    then the rest; the configs the wrappers launch before those they drop; family by family
-    (flash, the scan, simple GLA, GLA)."""
+    served); ``subset``: the cheap subset `in_subset`. Worst cases first, so that a stopped
+    run has covered the most: the largest size, then the rest; the configs the wrappers
+    launch before those they drop; every kernel, GPU and dtype once (flash: the kept config
+    with the largest estimate) before its other configs; the GPU with the least shared
+    memory first; family by family (flash, the scan, simple GLA, GLA)."""
     out = []
     for gpu in GPUS:
         for dtype in DTYPES:
@@ -159,8 +161,16 @@ def launches(full: bool = False, subset: bool = False, largest: bool = False) ->
             for n in STATE_SIZES[-1:] if largest else STATE_SIZES:
                 out += scan_launches(gpu, dtype, n)
     out = [x for x in out if in_subset(x)] if subset else out
-    order = ("flash_attention", "selective_scan", "chunk_simple_gla", "chunk_gla")
-    return sorted(out, key=lambda x: (not _largest(x), not x.kept, order.index(x.family)))
+    families = ("flash_attention", "selective_scan", "chunk_simple_gla", "chunk_gla")
+    gpus = sorted(GPUS, key=lambda g: GPUS[g][1])
+    first = {}                                   # the kept config with the largest estimate
+    for x in out:
+        group = (x.kernel, x.family, x.gpu, x.dtype, x.size)
+        if x.kept and (group not in first or (x.estimate or 0) > (first[group].estimate or 0)):
+            first[group] = x
+    chosen = set(first.values())
+    return sorted(out, key=lambda x: (not _largest(x), not x.kept, x not in chosen,
+                                      gpus.index(x.gpu), families.index(x.family)))
 
 
 def _largest(x: Launch) -> bool:
@@ -299,7 +309,7 @@ def run(todo: list[Launch], jobs: int = 1, out: str | None = None,
     def finished(key, result):
         done[key] = {**result, "key": key}
         if out:
-            save(out, [done[k] for k in keys if k in done], len(todo))
+            save(out, [done[k] for k in keys if k in done], todo)
 
     left = [(k, x) for k, x in zip(keys, todo) if k not in done]
     if jobs == 1:
@@ -311,17 +321,18 @@ def run(todo: list[Launch], jobs: int = 1, out: str | None = None,
             for future in as_completed(futures):
                 finished(futures[future], future.result())
     if out and not left:
-        save(out, [done[k] for k in keys], len(todo))
+        save(out, [done[k] for k in keys], todo)
     return [done[k] for k in keys]
 
 
-def save(out: str, results: list[dict], planned: int) -> None:
-    """Write ``results`` of ``planned`` compiles to ``out`` (whole, or not at all):
-    ``complete`` says whether every planned compile is there; ``seconds``, the sum of their
-    compile times."""
+def save(out: str, results: list[dict], todo: list[Launch]) -> None:
+    """Write ``results`` of the compiles ``todo`` to ``out`` (whole, or not at all):
+    ``complete`` says whether every one is there, ``plan`` lists them all (family, kernel,
+    GPU, dtype, size, kept); ``seconds``, the sum of their compile times."""
     data = {"triton": triton_version(),
             "fp_fusion": os.environ.get("TRITON_DEFAULT_FP_FUSION"),
-            "complete": len(results) == planned, "planned": planned,
+            "complete": len(results) == len(todo), "planned": len(todo),
+            "plan": [[x.family, x.kernel, x.gpu, x.dtype, x.size, x.kept] for x in todo],
             "seconds": round(sum(r["seconds"] for r in results)), "results": results,
             "problems": problems(results)}
     tmp = f"{out}.tmp"
@@ -389,17 +400,26 @@ def gpu_table(results: list[dict], families) -> dict[str, dict]:
 
 
 def report(families) -> tuple[dict, str]:
-    """What a chapter says of the compiled kernels of ``families``, from the saved results:
-    values to glue (``"n/a"`` where the results are not here) and a table to print."""
+    """What a chapter says of the compiled kernels of ``families`` at the largest size they
+    serve, from the saved results: values to glue (``"n/a"`` where the results are not
+    here) and a table to print. ``compiled``: how many of the planned launches at that size
+    the results hold (``"all N"`` or ``"n of the N"``); ``largest``: the largest shared
+    memory per GPU against the GPU's, in KiB; ``t4_problems``: `problems` on a T4."""
     data = saved()
-    values = dict.fromkeys(("triton", "launches", "problems", "spills", "sizes", "tc_gpus",
-                            "no_tc_gpus"), "n/a")
+    values = dict.fromkeys(("triton", "compiled", "launches", "problems", "spills", "sizes",
+                            "largest", "tc_gpus", "no_tc_gpus", "t4_problems"), "n/a")
     for gpu in GPUS:
         values[f"{gpu.lower()}_kib"] = values[f"{gpu.lower()}_limit_kib"] = "n/a"
     values["gpu_runs"] = ("one, in " + GPU_BENCH) if _find(GPU_BENCH) else "none yet"
     if data is None:
         return values, f"{SAVED} is not here: clone the repository to see the compile results"
-    table = gpu_table(data["results"], families)
+    mine = [r for r in data["results"] if r["family"] in families]
+    plan = [p for p in data.get("plan", []) if p[0] in families and p[5]]
+    if not mine:
+        return values, f"{SAVED} holds no compile of {', '.join(families)} yet"
+    size = max(p[4] for p in plan) if plan else max(r["size"] for r in mine)
+    results = [r for r in mine if r["size"] == size]
+    table = gpu_table(results, families)
     lines = []
     for gpu, row in table.items():
         values[f"{gpu.lower()}_kib"] = round(row["shared"] / 1024, 1)
@@ -408,15 +428,27 @@ def report(families) -> tuple[dict, str]:
                      f"memory {row['shared'] / 1024:5.1f} of {row['limit'] / 1024:.0f} KiB, "
                      f"tensor cores in fp16/bf16: {row['tensor_cores']}, "
                      f"spilling: {row['spills']}, problems: {row['problems']}")
+    launched = sum(row["launched"] for row in table.values())
+    planned = sum(p[4] == size for p in plan)
     values.update(
-        triton=data["triton"], launches=sum(row["launched"] for row in table.values()),
+        triton=data["triton"], launches=launched,
+        compiled=(f"all {planned}" if launched == planned else
+                  f"{launched} of the {planned}" if plan else str(launched)),
         problems=sum(row["problems"] for row in table.values()),
-        spills=sum(row["spills"] for row in table.values()),
-        sizes=", ".join(str(n) for n in sorted({n for row in table.values() for n in row["sizes"]})),
+        spills=sum(row["spills"] for row in table.values()), sizes=size,
+        largest=" and ".join(f"{row['shared'] / 1024:.1f} of {_a(gpu)}'s "
+                             f"{row['limit'] // 1024} KiB" for gpu, row in table.items()),
         tc_gpus=", ".join(g for g, row in table.items() if row["tensor_cores"]) or "none",
         no_tc_gpus=", ".join(g for g, row in table.items() if row["tensor_cores"] is False)
         or "none")
+    if "T4" in table:
+        values["t4_problems"] = table["T4"]["problems"]
     return values, "\n".join(lines)
+
+
+def _a(gpu: str) -> str:
+    """``gpu`` with its article: "an A100", "a T4"."""
+    return ("an " if gpu[0] in "AEFHILMNORSX" else "a ") + gpu
 
 
 def triton_version() -> str:
