@@ -342,19 +342,23 @@ def save(out: str, results: list[dict], todo: list[Launch]) -> None:
 
 
 def summary(results: list[dict]) -> str:
-    """Per GPU: compiles, kept configs over the limit, spills; the largest spill."""
+    """Per GPU: compiles, those launched, their largest shared memory, the flash configs the
+    prune drops although they compile within the limit (its estimate too cautious: not a
+    failure, a config never timed), spills; the largest spill."""
     lines = []
     for gpu, (cc, limit) in GPUS.items():
         mine = [r for r in results if r["gpu"] == gpu and not r["error"]]
         if not mine:
             continue
         kept = [r for r in mine if r["kept"]]
+        dropped = [r for r in mine if not r["kept"]]
         spills = [r for r in mine if r["local"]]
         worst = max(spills, key=lambda r: r["local"], default=None)
         lines.append(
             f"{gpu} (sm_{cc}, {limit // 1024} KiB): {len(mine)} compiles, {len(kept)} launched, "
-            f"largest shared {max(r['shared'] for r in kept) // 1024} KiB, "
-            f"{len(spills)} with local memory"
+            f"largest shared {max((r['shared'] for r in kept), default=0) // 1024} KiB, "
+            f"{sum(r['shared'] <= limit for r in dropped)} of {len(dropped)} dropped configs "
+            f"within the limit, {len(spills)} with local memory"
             + (f" (largest {worst['local']} B/thread: {worst['kernel']} {worst['dtype']} "
                f"size {worst['size']})" if worst else ""))
     return "\n".join(lines)
