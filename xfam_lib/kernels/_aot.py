@@ -440,14 +440,19 @@ def report(families) -> tuple[dict, str]:
                   f"{launched} of the {planned}" if plan else str(launched)),
         problems=sum(row["problems"] for row in table.values()),
         spills=sum(row["spills"] for row in table.values()), sizes=size,
-        largest=" and ".join(f"{row['shared'] / 1024:.1f} of {_a(gpu)}'s "
-                             f"{row['limit'] // 1024} KiB" for gpu, row in table.items()),
+        largest=_listed([f"{row['shared'] / 1024:.1f} of {_a(gpu)}'s {row['limit'] // 1024} "
+                         "KiB" for gpu, row in table.items()]),
         tc_gpus=", ".join(g for g, row in table.items() if row["tensor_cores"]) or "none",
         no_tc_gpus=", ".join(g for g, row in table.items() if row["tensor_cores"] is False)
         or "none")
     if "T4" in table:
         values["t4_problems"] = table["T4"]["problems"]
     return values, "\n".join(lines)
+
+
+def _listed(items: list[str]) -> str:
+    """``"a, b and c"``."""
+    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 2 else items)
 
 
 def _a(gpu: str) -> str:
