@@ -63,9 +63,9 @@ bench: $(STAMP)
 
 ## make kernel-compile [JOBS=2]: compile every Triton kernel launch for a T4, A100, L4 and H100 ahead
 ## of time (no GPU needed) and check shared memory, registers and tensor cores; results in
-## benchmarks/results/kernel_compile.json
+## benchmarks/results/kernel_compile.json, saved as they come: a stopped run resumes where it stopped
 kernel-compile: $(STAMP)
-	env -u TRITON_INTERPRET TRITON_DEFAULT_FP_FUSION=1 $(PY) -m xfam_lib.kernels._aot --full --jobs $(or $(JOBS),$(shell nproc)) --out benchmarks/results/kernel_compile.json
+	env -u TRITON_INTERPRET TRITON_DEFAULT_FP_FUSION=1 $(PY) -m xfam_lib.kernels._aot --full --jobs $(or $(JOBS),$(shell nproc)) --out benchmarks/results/kernel_compile.json --resume
 
 ## make exercises: student notebooks (committed) and autograder zips (_build/exercises) from the master notebooks
 exercises: $(STAMP)

@@ -68,3 +68,62 @@ def test_problems_name_what_a_gpu_would_refuse():
                    "registers 255 x 512", "estimate 512 < compiled 1024", "compile failed",
                    "no kept config fits"):
         assert any(needle in line for line in found), (needle, found)
+
+
+def test_results_are_saved_as_they_come_and_resumed(tmp_path, monkeypatch):
+    """`_aot.run` with ``out`` saves every result as it finishes (``complete`` false until
+    the last); ``resume`` compiles only the launches with no saved result for the same
+    launch, Triton and kernel source (a changed source is compiled again)."""
+    todo = _aot.launches(largest=True)[:4]
+    source = {x: "v1" for x in todo}
+    compiled, stop = [], []
+
+    def fake_compile(x):
+        if stop and len(compiled) == stop[0]:
+            raise KeyboardInterrupt
+        compiled.append(x)
+        return {"family": x.family, "kernel": x.kernel, "gpu": x.gpu, "dtype": x.dtype,
+                "size": x.size, "constexprs": dict(x.constexprs), "num_warps": x.num_warps,
+                "num_stages": x.num_stages, "kept": x.kept, "estimate": None, "error": None,
+                "seconds": 1.0, "shared": 0, "registers": 32, "threads": 128, "local": 0,
+                "mma": True, "wgmma": False}
+
+    monkeypatch.setattr(_aot, "compile_one", fake_compile)
+    monkeypatch.setattr(_aot, "kernel_source", source.__getitem__)
+    out = tmp_path / "results.json"
+    stop.append(2)
+    with pytest.raises(KeyboardInterrupt):
+        _aot.run(todo, out=str(out))
+    saved = json.loads(out.read_text())
+    assert (len(saved["results"]), saved["complete"], saved["planned"]) == (2, False, 4)
+    stop.clear()
+    source[todo[0]] = "v2"                                   # its kernel was edited
+    results = _aot.run(todo, out=str(out), resume=True)
+    assert compiled[2:] == [todo[0], todo[2], todo[3]]
+    assert [r["kernel"] for r in results] == [x.kernel for x in todo]
+    saved = json.loads(out.read_text())
+    assert saved["complete"] and len(saved["results"]) == 4
+    assert _aot.run(todo, out=str(out), resume=True) == results and len(compiled) == 5
+
+
+def test_report_reads_the_largest_size_and_what_is_missing(monkeypatch):
+    """`_aot.report` (what the chapters glue) describes the largest planned size only and
+    says how many of its planned launches the saved results hold."""
+    def result(gpu, size, shared, kept=True):
+        return {"family": "chunk_gla", "kernel": "_out_kernel", "gpu": gpu, "dtype": "fp16",
+                "size": size, "constexprs": {}, "num_warps": 4, "num_stages": 2,
+                "kept": kept, "estimate": None, "error": None, "shared": shared,
+                "registers": 128, "threads": 128, "local": 0, "mma": gpu != "T4",
+                "wgmma": False}
+    plan = [["chunk_gla", "_out_kernel", g, "fp16", n, True]
+            for g in ("T4", "A100", "H100") for n in (64, 128)]
+    results = [result("T4", 128, 70_000), result("A100", 128, 2048), result("T4", 64, 1024)]
+    monkeypatch.setattr(_aot, "saved", lambda: {"triton": "x", "plan": plan,
+                                                "results": results})
+    values, table = _aot.report(["chunk_gla"])
+    assert values["sizes"] == 128 and values["compiled"] == "2 of the 3"
+    # the T4's launch over its limit, and so no kept config that fits: two problems
+    assert values["t4_problems"] == 2 and values["problems"] == 2
+    assert values["largest"] == "68.4 of a T4's 64 KiB and 2.0 of an A100's 163 KiB"
+    assert (values["tc_gpus"], values["no_tc_gpus"], values["h100_kib"]) == ("A100", "T4", "n/a")
+    assert "T4" in table and "H100" not in table

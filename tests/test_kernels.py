@@ -250,12 +250,14 @@ def test_flash_autotuned_launch_path(monkeypatch):
     flash.flash_forward(q, k, k, True, 0.25)                # a shape seen before: no tuning
     assert len(tuned[flash._fwd_kernel.fn].cache) == 2
 
-def check_gated_kernel(kernel, inputs, dtype, device, gen, per_key):
+def check_gated_kernel(kernel, inputs, dtype, device, gen, per_key, cotangent=(1.0, 0.0)):
     """Output, final state and all gradients of a chunked kernel (`chunk_simple_gla`,
     `chunk_gla`) against `gated_linear_attention`'s chunk form in fp64 (tests/test_8_linear.py
     holds that to the recurrence). ``inputs``: fp64 ``[q, k, v, log_g]`` and optionally the
     initial state, already rounded to ``dtype``; ``per_key``: ``log_g`` has one gate per key
-    dimension, else one per step (broadcast over ``d_k`` for the reference).
+    dimension, else one per step (broadcast over ``d_k`` for the reference); ``cotangent``:
+    the output's cotangent is ``scale * z + offset`` for standard normal ``z``, the final
+    state's ``scale * z``.
 
     Every result is a sum of products whose operands the kernels round to ``dtype`` (fp16/bf16
     tiles on tensor cores), so its error follows the dtype's tolerance relative to the sizes
@@ -274,7 +276,9 @@ def check_gated_kernel(kernel, inputs, dtype, device, gen, per_key):
     ref_in = [t.requires_grad_() for t in inputs]
     shape_out = (*inputs[2].shape[:-1], inputs[2].shape[-1])
     shape_state = (*inputs[0].shape[:-2], inputs[0].shape[-1], inputs[2].shape[-1])
-    cot, cot_state = randn(*shape_out, gen=gen).to(dtype), randn(*shape_state, gen=gen)
+    cot_scale, cot_offset = cotangent
+    cot = (cot_scale * randn(*shape_out, gen=gen) + cot_offset).to(dtype)
+    cot_state = cot_scale * randn(*shape_state, gen=gen)
     ref, ref_state, ref_grads = reference(ref_in, (cot, cot_state))
     # the same sums on absolute values: the sizes of their terms (every decay is positive)
     sizes_in = [t.detach().abs().requires_grad_() for t in inputs]
@@ -410,6 +414,39 @@ def test_chunk_gla_strong_gates(gates):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_chunk_gla_half(dtype):
     check_gla((), 70, 32, 32, (-0.5, 0.0), True, dtype)
+
+
+# fp16 tiles past fp16's largest number (65504) inside the kernels, though every result
+# stays within it; (scale, offset) of the draws of q, k, v and of the output's cotangent, and
+# the length. Large states: k, v near 40 add about 1600 to every state entry per step.
+# Large state gradients: q and the cotangent near 100, summed over the 66 steps after the
+# first chunk. Large scores: q . k near 80000 at d_k = 32 (chunk_gla sums its scores
+# unscaled; chunk_simple_gla scales them before rounding).
+FP16_RANGE = {
+    "state": ([(0.01, 0.0), (1.0, 40.0), (1.0, 40.0)], (1e-3, 0.0), 70),
+    "state_gradient": ([(1.0, 100.0), (0.01, 0.0), (0.01, 0.0)], (1.0, 100.0), 130),
+    "scores": ([(1.0, 50.0), (1.0, 50.0), (0.01, 0.0)], (1e-3, 0.0), 70),
+}
+
+
+@pytest.mark.parametrize(("kernel", "case"), [
+    (chunk_simple_gla, "state"), (chunk_simple_gla, "state_gradient"), (chunk_gla, "state"),
+    (chunk_gla, "state_gradient"), (chunk_gla, "scores")],
+    ids=lambda x: getattr(x, "__name__", x))
+def test_chunked_fp16_tiles_past_fp16_range(kernel, case):
+    """A state, a state gradient or a tile of scores past 65504 is rounded to fp16 for its
+    tensor-core product only after each row and column is divided by a power of two
+    (`_mode.dot_rescaled`); rounded as it is, it would be ``inf``. Weak gates (log gates
+    in [-0.01, 0]), so the states grow with the length."""
+    gen = torch.Generator().manual_seed(0)
+    draws, cotangent, length = FP16_RANGE[case]
+    d, per_key = 32, kernel is chunk_gla
+    inputs = [(scale * randn(length, d, gen=gen) + offset).half().double()
+              for scale, offset in draws]
+    gate_shape = (length, d) if per_key else (length,)
+    log_g = (-0.01 * torch.rand(*gate_shape, generator=gen, dtype=torch.float64))
+    inputs.append(log_g.half().double())
+    check_gated_kernel(kernel, inputs, torch.float16, DEVICE, gen, per_key, cotangent)
 
 
 def test_chunk_gla_bad_inputs():

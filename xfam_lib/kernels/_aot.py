@@ -11,14 +11,19 @@ whether its PTX holds tensor-core instructions (``mma.sync``, ``wgmma``). `probl
 a GPU would refuse or what item the kernels promise and miss.
 
     python -m xfam_lib.kernels._aot [--full | --largest | --subset] [--jobs N] [--out FILE]
+                                    [--resume]
 
 Run it without ``TRITON_INTERPRET`` (the kernels must be built for compiling). Compiles go to
-``TRITON_CACHE_DIR`` if set, else to a fresh temporary directory (a cold run).
+``TRITON_CACHE_DIR`` if set, else to a fresh temporary directory (a cold run). With ``--out``
+the results are saved as each compile finishes (``"complete": false`` until the last), worst
+cases first; ``--resume`` keeps the saved results made by the same Triton from the same kernel
+source (`launch_key`) and compiles only the rest.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -26,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
@@ -137,7 +142,11 @@ def launches(full: bool = False, subset: bool = False, largest: bool = False) ->
     """The launches to compile: every GPU, dtype and size the wrappers serve, at the configs
     they would launch (``full``: every flash config, kept or not); ``largest``: head size 128
     and state size 256 only, in fp32 and one half dtype (bf16, or fp16 where bf16 is not
-    served); ``subset``: the cheap subset `in_subset`."""
+    served); ``subset``: the cheap subset `in_subset`. Worst cases first, so that a stopped
+    run has covered the most: the largest size, then the rest; the configs the wrappers
+    launch before those they drop; every kernel, GPU and dtype once (flash: the kept config
+    with the largest estimate) before its other configs; the GPU with the least shared
+    memory first; family by family (flash, the scan, simple GLA, GLA)."""
     out = []
     for gpu in GPUS:
         for dtype in DTYPES:
@@ -151,7 +160,21 @@ def launches(full: bool = False, subset: bool = False, largest: bool = False) ->
                 out += chunked_launches("chunk_gla", gpu, dtype, d)
             for n in STATE_SIZES[-1:] if largest else STATE_SIZES:
                 out += scan_launches(gpu, dtype, n)
-    return [x for x in out if in_subset(x)] if subset else out
+    out = [x for x in out if in_subset(x)] if subset else out
+    families = ("flash_attention", "selective_scan", "chunk_simple_gla", "chunk_gla")
+    gpus = sorted(GPUS, key=lambda g: GPUS[g][1])
+    first = {}                                   # the kept config with the largest estimate
+    for x in out:
+        group = (x.kernel, x.family, x.gpu, x.dtype, x.size)
+        if x.kept and (group not in first or (x.estimate or 0) > (first[group].estimate or 0)):
+            first[group] = x
+    chosen = set(first.values())
+    return sorted(out, key=lambda x: (not _largest(x), not x.kept, x not in chosen,
+                                      gpus.index(x.gpu), families.index(x.family)))
+
+
+def _largest(x: Launch) -> bool:
+    return x.size == (STATE_SIZES[-1] if x.family == "selective_scan" else HEAD_SIZES[-1])
 
 
 def in_subset(x: Launch) -> bool:
@@ -160,7 +183,7 @@ def in_subset(x: Launch) -> bool:
     delta kernel of the flash backward in one config) and one fp16 product, to show it gets
     no tensor core; on an H100, the two heaviest kernels of each chunked family in bf16 at
     head size 128 (their tensor cores; an A100's are in the full matrix)."""
-    largest = x.size == (STATE_SIZES[-1] if x.family == "selective_scan" else HEAD_SIZES[-1])
+    largest = _largest(x)
     if x.gpu == "T4":
         return ((largest and x.dtype == "fp32" and x.kept
                  and (x.kernel != "_bwd_delta_kernel" or dict(x.constexprs)["BLOCK_M"] == 64))
@@ -202,7 +225,8 @@ def compile_one(x: Launch) -> dict:
                                   target=GPUTarget("cuda", GPUS[x.gpu][0], 32),
                                   options={"num_warps": x.num_warps, "num_stages": x.num_stages})
     except Exception as err:                                      # noqa: BLE001  (reported)
-        return {**result, "error": f"{type(err).__name__}: {str(err)[:500]}"}
+        return {**result, "error": f"{type(err).__name__}: {str(err)[:500]}",
+                "seconds": round(time.perf_counter() - start, 2)}
     ptx = compiled.asm["ptx"]
     regs, local = _resources(compiled.asm["cubin"])
     return {**result, "error": None, "seconds": round(time.perf_counter() - start, 2),
@@ -255,28 +279,86 @@ def problems(results: list[dict]) -> list[str]:
     return found
 
 
-def run(todo: list[Launch], jobs: int = 1) -> list[dict]:
-    """Compile ``todo`` (in ``jobs`` processes) and return their results."""
+def kernel_source(x: Launch) -> str:
+    """A hash of the source of ``x``'s kernel and of every jitted function it calls (Triton's
+    ``cache_key``; compiled kernels only)."""
+    return getattr(_module(x.module), x.kernel).cache_key
+
+
+def launch_key(x: Launch) -> str:
+    """What a compile result depends on, hashed: the launch, the Triton version and
+    `kernel_source`."""
+    launch = {**dataclasses.asdict(x), "constexprs": dict(x.constexprs)}
+    text = json.dumps([launch, triton_version(), kernel_source(x)], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def run(todo: list[Launch], jobs: int = 1, out: str | None = None,
+        resume: bool = False) -> list[dict]:
+    """Compile ``todo`` (in ``jobs`` processes) and return their results in its order. With
+    ``out``, every result is saved there as it comes (`save`); with ``resume``, the results
+    already saved in ``out`` for the same `launch_key` are kept, not compiled again."""
+    keys = [launch_key(x) for x in todo]
+    done = {}
+    if resume and out and os.path.exists(out):
+        planned = set(keys)
+        for r in json.loads(Path(out).read_text()).get("results", []):
+            if r.get("key") in planned:
+                done[r["key"]] = r
+
+    def finished(key, result):
+        done[key] = {**result, "key": key}
+        if out:
+            save(out, [done[k] for k in keys if k in done], todo)
+
+    left = [(k, x) for k, x in zip(keys, todo) if k not in done]
     if jobs == 1:
-        return [compile_one(x) for x in todo]
-    with ProcessPoolExecutor(jobs) as pool:
-        return list(pool.map(compile_one, todo))
+        for k, x in left:
+            finished(k, compile_one(x))
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            futures = {pool.submit(compile_one, x): k for k, x in left}
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
+    if out and not left:
+        save(out, [done[k] for k in keys], todo)
+    return [done[k] for k in keys]
+
+
+def save(out: str, results: list[dict], todo: list[Launch]) -> None:
+    """Write ``results`` of the compiles ``todo`` to ``out`` (whole, or not at all):
+    ``complete`` says whether every one is there, ``plan`` lists them all (family, kernel,
+    GPU, dtype, size, kept); ``seconds``, the sum of their compile times."""
+    data = {"triton": triton_version(),
+            "fp_fusion": os.environ.get("TRITON_DEFAULT_FP_FUSION"),
+            "complete": len(results) == len(todo), "planned": len(todo),
+            "plan": [[x.family, x.kernel, x.gpu, x.dtype, x.size, x.kept] for x in todo],
+            "seconds": round(sum(r["seconds"] for r in results)), "results": results,
+            "problems": problems(results)}
+    tmp = f"{out}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, out)
 
 
 def summary(results: list[dict]) -> str:
-    """Per GPU: compiles, kept configs over the limit, spills; the largest spill."""
+    """Per GPU: compiles, those launched, their largest shared memory, the flash configs the
+    prune drops although they compile within the limit (its estimate too cautious: not a
+    failure, a config never timed), spills; the largest spill."""
     lines = []
     for gpu, (cc, limit) in GPUS.items():
         mine = [r for r in results if r["gpu"] == gpu and not r["error"]]
         if not mine:
             continue
         kept = [r for r in mine if r["kept"]]
+        dropped = [r for r in mine if not r["kept"]]
         spills = [r for r in mine if r["local"]]
         worst = max(spills, key=lambda r: r["local"], default=None)
         lines.append(
             f"{gpu} (sm_{cc}, {limit // 1024} KiB): {len(mine)} compiles, {len(kept)} launched, "
-            f"largest shared {max(r['shared'] for r in kept) // 1024} KiB, "
-            f"{len(spills)} with local memory"
+            f"largest shared {max((r['shared'] for r in kept), default=0) // 1024} KiB, "
+            f"{sum(r['shared'] <= limit for r in dropped)} of {len(dropped)} dropped configs "
+            f"within the limit, {len(spills)} with local memory"
             + (f" (largest {worst['local']} B/thread: {worst['kernel']} {worst['dtype']} "
                f"size {worst['size']})" if worst else ""))
     return "\n".join(lines)
@@ -322,17 +404,26 @@ def gpu_table(results: list[dict], families) -> dict[str, dict]:
 
 
 def report(families) -> tuple[dict, str]:
-    """What a chapter says of the compiled kernels of ``families``, from the saved results:
-    values to glue (``"n/a"`` where the results are not here) and a table to print."""
+    """What a chapter says of the compiled kernels of ``families`` at the largest size they
+    serve, from the saved results: values to glue (``"n/a"`` where the results are not
+    here) and a table to print. ``compiled``: how many of the planned launches at that size
+    the results hold (``"all N"`` or ``"n of the N"``); ``largest``: the largest shared
+    memory per GPU against the GPU's, in KiB; ``t4_problems``: `problems` on a T4."""
     data = saved()
-    values = dict.fromkeys(("triton", "launches", "problems", "spills", "sizes", "tc_gpus",
-                            "no_tc_gpus"), "n/a")
+    values = dict.fromkeys(("triton", "compiled", "launches", "problems", "spills", "sizes",
+                            "largest", "tc_gpus", "no_tc_gpus", "t4_problems"), "n/a")
     for gpu in GPUS:
         values[f"{gpu.lower()}_kib"] = values[f"{gpu.lower()}_limit_kib"] = "n/a"
     values["gpu_runs"] = ("one, in " + GPU_BENCH) if _find(GPU_BENCH) else "none yet"
     if data is None:
         return values, f"{SAVED} is not here: clone the repository to see the compile results"
-    table = gpu_table(data["results"], families)
+    mine = [r for r in data["results"] if r["family"] in families]
+    plan = [p for p in data.get("plan", []) if p[0] in families and p[5]]
+    if not mine:
+        return values, f"{SAVED} holds no compile of {', '.join(families)} yet"
+    size = max(p[4] for p in plan) if plan else max(r["size"] for r in mine)
+    results = [r for r in mine if r["size"] == size]
+    table = gpu_table(results, families)
     lines = []
     for gpu, row in table.items():
         values[f"{gpu.lower()}_kib"] = round(row["shared"] / 1024, 1)
@@ -341,15 +432,32 @@ def report(families) -> tuple[dict, str]:
                      f"memory {row['shared'] / 1024:5.1f} of {row['limit'] / 1024:.0f} KiB, "
                      f"tensor cores in fp16/bf16: {row['tensor_cores']}, "
                      f"spilling: {row['spills']}, problems: {row['problems']}")
+    launched = sum(row["launched"] for row in table.values())
+    planned = sum(p[4] == size for p in plan)
     values.update(
-        triton=data["triton"], launches=sum(row["launched"] for row in table.values()),
+        triton=data["triton"], launches=launched,
+        compiled=(f"all {planned}" if launched == planned else
+                  f"{launched} of the {planned}" if plan else str(launched)),
         problems=sum(row["problems"] for row in table.values()),
-        spills=sum(row["spills"] for row in table.values()),
-        sizes=", ".join(str(n) for n in sorted({n for row in table.values() for n in row["sizes"]})),
+        spills=sum(row["spills"] for row in table.values()), sizes=size,
+        largest=_listed([f"{row['shared'] / 1024:.1f} of {_a(gpu)}'s {row['limit'] // 1024} "
+                         "KiB" for gpu, row in table.items()]),
         tc_gpus=", ".join(g for g, row in table.items() if row["tensor_cores"]) or "none",
         no_tc_gpus=", ".join(g for g, row in table.items() if row["tensor_cores"] is False)
         or "none")
+    if "T4" in table:
+        values["t4_problems"] = table["T4"]["problems"]
     return values, "\n".join(lines)
+
+
+def _listed(items: list[str]) -> str:
+    """``"a, b and c"``."""
+    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 2 else items)
+
+
+def _a(gpu: str) -> str:
+    """``gpu`` with its article: "an A100", "a T4"."""
+    return ("an " if gpu[0] in "AEFHILMNORSX" else "a ") + gpu
 
 
 def triton_version() -> str:
@@ -364,19 +472,20 @@ def main(argv=None) -> int:
                         help="head size 128, N = 256, fp32 and one half dtype only")
     parser.add_argument("--subset", action="store_true", help="the subset the tests compile")
     parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--out", help="write the results as JSON here, as they finish")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the results saved in --out for the same launch and source")
     args = parser.parse_args(argv)
+    if args.resume and not args.out:
+        parser.error("--resume needs --out, the file to resume")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         parser.error("unset TRITON_INTERPRET: the kernels must be built for compiling")
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="xfam-aot-"))
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")       # Triton 3.9's default, said
     start = time.perf_counter()
-    results = run(launches(args.full, args.subset, args.largest), args.jobs)
+    results = run(launches(args.full, args.subset, args.largest), args.jobs, args.out,
+                  args.resume)
     found = problems(results)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"triton": triton_version(), "seconds": round(time.perf_counter() - start),
-                   "results": results, "problems": found}, f, indent=1)
     print(summary(results))
     print(f"{len(results)} compiles in {time.perf_counter() - start:.0f} s; "
           f"{len(found)} problems")

@@ -37,7 +37,9 @@ rounded once to fp32, and the diagonal block works from ``b`` relative to its su
 start. Everything else is fp32: tensors are contiguous ``(B, L, d)`` stacks, states
 ``(B, d_k, d_v)``, every decay and every accumulator. The matrix products take their operands
 in the input dtype, as in `_simple_gla`: fp16/bf16 tiles on tensor cores, each tile scaled by
-its decays (all <= 1) before it is rounded; fp32 tiles as exact fp32 products.
+its decays (all <= 1) before it is rounded; the states, state gradients and the scores (summed
+unscaled) through `_mode.dot_rescaled`, so that no fp16 tile overflows; fp32 tiles as exact
+fp32 products.
 
 The work is split as in `_simple_gla`: a sequential pass per ``(BLOCK_K, BLOCK_V)`` tile of
 each matrix's state stores the state entering every chunk, then one program per chunk, matrix
@@ -53,7 +55,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from ._mode import INTERPRETED, dot  # noqa: F401  (INTERPRETED: read by the wrappers)
+from ._mode import INTERPRETED, dot, dot_rescaled  # noqa: F401  (INTERPRETED: read by the wrappers)
 from ._simple_gla import _load, _store
 from ._simple_gla import launch_settings as _simple_settings
 
@@ -173,15 +175,15 @@ def _out_kernel(Q, K, V, Bc, H, O, length, padded, n_chunks, d_k, d_v, scale,
             ks = k0 + tl.arange(0, BLOCK_K)
             q = _load(q_base, rows, ks, length, d_k).to(tl.float32)
             q_start = q * tl.exp(_load(b_base, rows, ks, padded, d_k).to(tl.float32))
-            out = dot(q_start, _load(h_base, ks, vs, d_k, d_v), out, dtype)
+            out = dot_rescaled(q_start, _load(h_base, ks, vs, d_k, d_v), out, dtype)
         scores = _diag_scores(q_base, k_base, b_base, rows, t0, length, padded, d_k,
                               BLOCK_K, BLOCK_S)
-        out = dot(scores, _load(v_base, rows, vs, length, d_v), out, dtype)
+        out = dot_rescaled(scores, _load(v_base, rows, vs, length, d_v), out, dtype)
         for j in range(i):
             rows_j = c0 + j * BLOCK_S + idx
             scores = _cross_scores(q_base, k_base, b_base, rows, rows_j, t0, length, padded,
                                    d_k, BLOCK_K, BLOCK_S)
-            out = dot(scores, _load(v_base, rows_j, vs, length, d_v), out, dtype)
+            out = dot_rescaled(scores, _load(v_base, rows_j, vs, length, d_v), out, dtype)
         _store(O + n * length * d_v, out * scale, rows, vs, length, d_v)
 
 
@@ -241,8 +243,9 @@ def _grad_qk_kernel(Q, K, V, Bc, H, DO, DH, DQ, DK, length, padded, n_chunks, d_
         from_state = tl.zeros((BLOCK_S, BLOCK_K), dtype=tl.float32)
         for v0 in range(0, d_v, BLOCK_V):
             vs = v0 + tl.arange(0, BLOCK_V)
-            from_state = dot(_load(do_base, rows, vs, length, d_v),
-                             tl.trans(_load(H + at_chunk, ks, vs, d_k, d_v)), from_state, dtype)
+            from_state = dot_rescaled(_load(do_base, rows, vs, length, d_v),
+                                      tl.trans(_load(H + at_chunk, ks, vs, d_k, d_v)),
+                                      from_state, dtype)
         dq_ref = tl.zeros((BLOCK_S, BLOCK_K), dtype=tl.float32)
         for j in range(i):
             rows_j = c0 + j * BLOCK_S + idx
@@ -251,7 +254,7 @@ def _grad_qk_kernel(Q, K, V, Bc, H, DO, DH, DQ, DK, length, padded, n_chunks, d_
             k_j = _load(k_base, rows_j, ks, length, d_k).to(tl.float32)
             k_ref = k_j * tl.exp((ref[None, :] - _load(b_base, rows_j, ks, padded, d_k))
                                  .to(tl.float32))
-            dq_ref = dot(d_scores, k_ref, dq_ref, dtype)
+            dq_ref = dot_rescaled(d_scores, k_ref, dq_ref, dtype)
         d_scores = _row_products(do_base, rows, v_base, rows, length, d_v, BLOCK_V, BLOCK_S)
         k = _load(k_base, rows, ks, length, d_k).to(tl.float32)
         dq = tl.sum(d_scores[:, :, None] * k[None, :, :] * _diag_decay(local, BLOCK_S), 1)
@@ -264,8 +267,9 @@ def _grad_qk_kernel(Q, K, V, Bc, H, DO, DH, DQ, DK, length, padded, n_chunks, d_
         from_state = tl.zeros((BLOCK_S, BLOCK_K), dtype=tl.float32)
         for v0 in range(0, d_v, BLOCK_V):
             vs = v0 + tl.arange(0, BLOCK_V)
-            from_state = dot(_load(v_base, rows, vs, length, d_v),
-                             tl.trans(_load(DH + at_chunk, ks, vs, d_k, d_v)), from_state, dtype)
+            from_state = dot_rescaled(_load(v_base, rows, vs, length, d_v),
+                                      tl.trans(_load(DH + at_chunk, ks, vs, d_k, d_v)),
+                                      from_state, dtype)
         dk = from_state * tl.exp((b_end[None, :] - b).to(tl.float32))
         for i in range(j + 1, n_sub):                                   # later query sub-chunks
             rows_i = c0 + i * BLOCK_S + idx
@@ -275,7 +279,7 @@ def _grad_qk_kernel(Q, K, V, Bc, H, DO, DH, DQ, DK, length, padded, n_chunks, d_
                                  .to(tl.float32))
             d_scores = _row_products(do_base, rows_i, v_base, rows, length, d_v, BLOCK_V,
                                      BLOCK_S)
-            dk += (dot(tl.trans(d_scores), q_ref, None, dtype)
+            dk += (dot_rescaled(tl.trans(d_scores), q_ref, tl.zeros_like(dk), dtype)
                    * tl.exp((ref[None, :] - b).to(tl.float32)) * scale)
         local = (b - _load_row(b_base, t0, ks, d_k)[None, :]).to(tl.float32)
         d_scores = _row_products(do_base, rows, v_base, rows, length, d_v, BLOCK_V, BLOCK_S)
@@ -311,16 +315,17 @@ def _grad_v_kernel(Q, K, Bc, DO, DH, DV, length, padded, n_chunks, d_k, d_v, sca
             k = _load(k_base, rows, ks, length, d_k).to(tl.float32)
             k_end = k * tl.exp((b_end[None, :] - _load(b_base, rows, ks, padded, d_k))
                                .to(tl.float32))
-            dv = dot(k_end, _load(dh_base, ks, vs, d_k, d_v), dv, dtype)
+            dv = dot_rescaled(k_end, _load(dh_base, ks, vs, d_k, d_v), dv, dtype)
         scores = _diag_scores(q_base, k_base, b_base, rows, t0, length, padded, d_k,
                               BLOCK_K, BLOCK_S)
-        inside = dot(tl.trans(scores), _load(do_base, rows, vs, length, d_v), None, dtype)
+        inside = dot_rescaled(tl.trans(scores), _load(do_base, rows, vs, length, d_v),
+                              tl.zeros_like(dv), dtype)
         for i in range(j + 1, n_sub):                                   # later query sub-chunks
             rows_i = c0 + i * BLOCK_S + idx
             scores = _cross_scores(q_base, k_base, b_base, rows_i, rows, c0 + i * BLOCK_S,
                                    length, padded, d_k, BLOCK_K, BLOCK_S)
-            inside = dot(tl.trans(scores), _load(do_base, rows_i, vs, length, d_v), inside,
-                         dtype)
+            inside = dot_rescaled(tl.trans(scores), _load(do_base, rows_i, vs, length, d_v),
+                                  inside, dtype)
         _store(DV + n * length * d_v, dv + inside * scale, rows, vs, length, d_v)
 
 

@@ -52,3 +52,27 @@ def dot(a, b, acc, DTYPE: tl.constexpr):
     if DTYPE == tl.float32:
         return tl.dot(a, b, acc, input_precision="ieee")
     return tl.dot(a, b, acc)
+
+
+@triton.jit
+def dot_rescaled(a, b, acc, DTYPE: tl.constexpr):
+    """``acc + a @ b`` as `dot` (``acc`` a tile, not ``None``), for fp32 tiles that may exceed
+    fp16's range (65504): a state, its gradient, unscaled scores. In fp16 each row of ``a``
+    and each column of ``b`` is first divided by a power of two that brings its largest entry
+    to at most 1, and each product multiplied back by its row's and column's factors: exact
+    (powers of two), and every term of one sum shares its factor, so the error stays
+    relative to the terms' sizes. bf16 and fp32 have fp32's range: `dot` as it is."""
+    if DTYPE == tl.float16:
+        row = _power_of_two_above(tl.max(tl.abs(a.to(tl.float32)), 1))
+        col = _power_of_two_above(tl.max(tl.abs(b.to(tl.float32)), 0))
+        product = dot(a / row[:, None], b / col[None, :], None, DTYPE)
+        return acc + product * (row[:, None] * col[None, :])
+    return dot(a, b, acc, DTYPE)
+
+
+@triton.jit
+def _power_of_two_above(x):
+    """The least power of two ``>= x`` (finite fp32, ``x >= 0``), 1 where ``x`` is 0: the
+    exponent bits of ``x`` rounded up, so the factor is exact."""
+    bits = (x.to(tl.int32, bitcast=True) + 0x007FFFFF) & 0x7F800000
+    return tl.where(x > 0, bits.to(tl.float32, bitcast=True), 1.0)

@@ -13,10 +13,11 @@ is <= 0, so nothing overflows. Tensors here are contiguous ``(B, L, d)`` stacks,
 
 Precision: the gates and decays are fp32, and so is every accumulator. The matrix products take
 their operands in the input dtype (`_mode.dot`): fp16/bf16 tiles run on tensor cores, fp32
-ones as exact fp32 products. A tile is scaled by its decays (factors <= 1) and ``scale``
-before it is rounded, so no operand grows past its inputs; the fp32 states are rounded to the
-input dtype for their products, as in fla's kernels (an fp16 state entry past 65504 would
-overflow: sums of ``k v`` products that large do not occur at unit-scale inputs).
+ones as exact fp32 products. A tile of scores is scaled by its decays (factors <= 1) and
+``scale`` before it is rounded; the fp32 states and state gradients, which grow with the length
+under weak decays, go through `_mode.dot_rescaled`: in fp16 (largest number 65504) each row and
+column is divided by a power of two before it is rounded and the product multiplied back, so
+no tile overflows where the result does not.
 
 The work is split as in fla's chunk kernels: a light sequential pass stores the state entering
 every chunk, ``(B, NT, d_k, d_v)`` in fp32 for ``NT`` chunks, one program instance per
@@ -33,7 +34,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from ._mode import INTERPRETED, dot  # noqa: F401  (INTERPRETED: read by the wrappers)
+from ._mode import INTERPRETED, dot, dot_rescaled  # noqa: F401  (INTERPRETED: read by the wrappers)
 
 # Each chunk is BLOCK_C steps: the part inside a chunk is a (BLOCK_C, BLOCK_C) matrix product.
 BLOCK_C = 64
@@ -119,7 +120,7 @@ def _out_kernel(Q, K, V, G, H, O, length, n_chunks, d_k, d_v, scale,
         q = _load(q_base, rows, ks, length, d_k)
         k = _load(k_base, rows, ks, length, d_k)
         scores = dot(q, tl.trans(k), scores, dtype)
-        from_state = dot(q, _load(h_base, ks, vs, d_k, d_v), from_state, dtype)
+        from_state = dot_rescaled(q, _load(h_base, ks, vs, d_k, d_v), from_state, dtype)
     from_start, decay, _, _ = _chunk_gates(G + b * length, rows, length, BLOCK_C)
     v = _load(V + b * length * d_v, rows, vs, length, d_v)
     out = dot(scores * (decay * scale), v, from_state * (from_start * scale)[:, None], dtype)
@@ -172,8 +173,10 @@ def _grad_qk_kernel(Q, K, V, G, H, DO, DH, DQ, DK, length, n_chunks, d_k, d_v, s
         do = _load(do_base, rows, vs, length, d_v)
         v = _load(v_base, rows, vs, length, d_v)
         d_scores = dot(do, tl.trans(v), d_scores, dtype)
-        dq_state = dot(do, tl.trans(_load(H + at_chunk, ks, vs, d_k, d_v)), dq_state, dtype)
-        dk_state = dot(v, tl.trans(_load(DH + at_chunk, ks, vs, d_k, d_v)), dk_state, dtype)
+        dq_state = dot_rescaled(do, tl.trans(_load(H + at_chunk, ks, vs, d_k, d_v)),
+                                dq_state, dtype)
+        dk_state = dot_rescaled(v, tl.trans(_load(DH + at_chunk, ks, vs, d_k, d_v)),
+                                dk_state, dtype)
     from_start, decay, to_end, _ = _chunk_gates(G + b * length, rows, length, BLOCK_C)
     q = _load(Q + b * length * d_k, rows, ks, length, d_k)
     k = _load(K + b * length * d_k, rows, ks, length, d_k)
@@ -203,7 +206,7 @@ def _grad_v_kernel(Q, K, G, DO, DH, DV, length, n_chunks, d_k, d_v, scale,
         q = _load(q_base, rows, ks, length, d_k)
         k = _load(k_base, rows, ks, length, d_k)
         scores = dot(q, tl.trans(k), scores, dtype)
-        dv_state = dot(k, _load(dh_base, ks, vs, d_k, d_v), dv_state, dtype)
+        dv_state = dot_rescaled(k, _load(dh_base, ks, vs, d_k, d_v), dv_state, dtype)
     _, decay, to_end, _ = _chunk_gates(G + b * length, rows, length, BLOCK_C)
     do = _load(DO + b * length * d_v, rows, vs, length, d_v)
     dv = dot(tl.trans(scores * (decay * scale)), do, dv_state * to_end[:, None], dtype)
