@@ -60,10 +60,12 @@ imports; anything else scores every question 0. (2) Each question's ``off_limits
 master notebook, next to the question) lists the library names it asks the student to write,
 and the private helpers that would do its work; an import, attribute access or ``getattr``
 that reaches one, however it is spelled, in a cell of that question (`notebook_cell_parts`)
-scores that question 0; in a cell of no question, every question that lists it. (3) In the
-runner those names are replaced by tripwires: a call from code that is not the library's
-(known by the identity of its code objects) while a question's checks run raises
-`OffLimitsError` and scores that question 0. ``grader.check`` (`otter_notebook`) runs the
+scores that question 0; in a cell of no question, every question that lists it; the build closes
+each list under the library's own calls (``implied_off_limits``). (3) In the runner those names,
+and every library function, class and class method off the allowlist, are replaced by tripwires:
+a call from code that is not the library's (known by the identity of its code objects) while a
+question's checks run raises `OffLimitsError` and scores that question 0. An audit hook refuses
+the student's code reading the library's files and compiling or running copies of its code. ``grader.check`` (`otter_notebook`) runs the
 same scan on the student's notebook, so the student is told before handing in. `scan_code` also reports **review flags** (patching torch or otter,
 starting processes, reading frames or double-underscore attributes, names built at run time,
 writing files, ...) for a person to read; the tripwires still hold the original functions, so
@@ -81,7 +83,8 @@ confinement and the judge's handle on it), `judge` (`Judge`, `Report`), `otter_p
 (`OtterJudge`, `otter_notebook`). It is installed with the exercises (``exercises/pyproject.toml``),
 not with ``xfam_lib``.
 """
-from .checks import DEFAULT_TIME_LIMIT, OffLimitsError, SubmissionTimeout, case_label, check_cases, time_limit
+from .checks import (DEFAULT_TIME_LIMIT, OffLimitsError, SubmissionTimeout, case_label, check_cases, jit_body_problems,
+                     time_limit)
 from .compare import compare_outputs, output_problems
 from .judge import Judge, Report
 from .otter_plugin import OtterJudge, otter_notebook
@@ -97,6 +100,7 @@ __all__ = [
     "compare_outputs",
     "case_label",
     "check_cases",
+    "jit_body_problems",
     "Limits",
     "scan_code",
     "notebook_code_cells",
