@@ -285,15 +285,15 @@ def test_a_question_links_to_the_section_it_is_about(chapter, number, built):
 def test_chapter_links_follow_where_the_book_is_published(monkeypatch):
     """Until ``html: baseurl:`` is set the chapter on GitHub at the release tag (GitHub's anchors), then
     the published page (the book build's anchors)."""
-    title = "8.6 Causal linear attention: parallel, recurrent and chunkwise (M8.9)"
+    title = "8.6 Causal linear attention: parallel, recurrent and chunkwise"
     monkeypatch.setattr(build, "book_url", lambda: "")
     assert build.chapter_url("08_linear_attention.ipynb", title) == (
         f"{build.repository_url()}/blob/{build.release()}/chapters/08_linear_attention.ipynb"
-        "#86-causal-linear-attention-parallel-recurrent-and-chunkwise-m89")
+        "#86-causal-linear-attention-parallel-recurrent-and-chunkwise")
     monkeypatch.setattr(build, "book_url", lambda: "https://example.org/book")
     assert build.chapter_url("08_linear_attention.ipynb", title) == ("https://example.org/book/chapters/"
                                                                     "08_linear_attention.html#causal-linear-attention-"
-                                                                    "parallel-recurrent-and-chunkwise-m8-9")
+                                                                    "parallel-recurrent-and-chunkwise")
     _resolve(build.chapter_url("08_linear_attention.ipynb", title))
 
 

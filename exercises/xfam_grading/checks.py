@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
+import torch._dynamo  # noqa: F401  (imported lazily by torch otherwise: an import cut by a time limit breaks it)
 
 import xfam_lib
 
