@@ -1158,3 +1158,77 @@ def test_otter_run_with_the_zip_grades_through_the_judge(ch02, tmp_path):
     assert solution.total == solution.possible > 0, solution.summary()
     assert wrong_result.get_score("q1a") == 0 and wrong_result.get_score("q1b") > 0, wrong_result.summary()
     assert wrong_result.total < wrong_result.possible
+
+
+# ----------------------------------------------------------------------------- memory budgets in a child process
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the budget needs fork and /proc")
+def test_a_memory_budget_holds_whatever_allocates():
+    """The full 2048 x 16384 float32 matrix (128 MiB) does not fit a child allowed 32 MiB more, built by torch,
+    by torch with its dispatch hooks off (blind to a TorchDispatchMode spy) or by numpy; a loop over
+    64-column blocks fits and returns its value; an error and an endless call are reported, not raised."""
+    from xfam_grading import run_with_memory_budget
+
+    q, k = torch.randn(2048, 8), torch.randn(16384, 8)
+
+    def blocks():
+        return torch.stack([(q @ k[j:j + 64].T).amax(-1) for j in range(0, k.shape[0], 64)]).amax(0)
+
+    def full_torch():
+        return (q @ k.T).amax(-1)
+
+    def full_no_dispatch():
+        with torch._C._DisableTorchDispatch():
+            return (q @ k.T).amax(-1)
+
+    def full_numpy():
+        return torch.from_numpy((q.numpy() @ k.numpy().T).max(-1))
+
+    budget = 32 * 2 ** 20
+    fits = run_with_memory_budget(blocks, budget)
+    assert not fits["over"] and not fits["error"], fits
+    torch.testing.assert_close(fits["value"], full_torch(), rtol=0, atol=0)
+    for fn in (full_torch, full_no_dispatch, full_numpy):
+        run = run_with_memory_budget(fn, budget)
+        assert run["over"] and run["value"] is None, (fn.__name__, run)
+    assert run_with_memory_budget(full_numpy, 512 * 2 ** 20)["value"].shape == (2048,)   # the limit, not numpy
+
+    def fails():
+        raise ValueError("deliberate")
+
+    def endless():
+        while True:
+            pass
+
+    failed = run_with_memory_budget(fails, budget)
+    assert not failed["over"] and "raised ValueError: deliberate" in failed["error"], failed
+    stopped = run_with_memory_budget(endless, budget, seconds=0.5)
+    assert not stopped["over"] and "time limit" in stopped["error"], stopped
+
+
+def test_a_copy_of_a_layer_the_tests_built_is_theirs_too():
+    """A tripwire on a library class's forward lets the tests' own instance, and a deepcopy of it (a student
+    may copy a given layer), through, but not an instance the student made without its __init__."""
+    import copy
+
+    from xfam_lib.transformer import EncoderLayer
+
+    guard = _Guard({}, allowed=("xfam_lib.utils",), parts=["q1a"]).install()
+    try:
+        scope = {"EncoderLayer": EncoderLayer}
+        exec(compile("given = EncoderLayer(8, 2, 16)\n", "<check q1a>", "exec"), scope)
+        x = torch.randn(1, 3, 8)
+        student = {"copy": copy, "given": scope["given"], "x": x, "EncoderLayer": EncoderLayer}
+        exec(compile("out = copy.deepcopy(given)(x)\n", "<cell>", "exec"), student)
+        with pytest.raises(OffLimitsError):
+            exec(compile("made = EncoderLayer.__new__(EncoderLayer)\nmade.__dict__.update(given.__dict__)\n"
+                         "del made.__dict__['_xfam_given']\nmade(x)\n", "<cell>", "exec"), student)
+    finally:
+        guard.uninstall()
+
+
+def test_one_off_limits_entry_per_object_however_many_spellings():
+    """A re-export and its home are one entry with both parts' questions, so neither spelling hides the other."""
+    entries = expand_off_limits({"q1a": ["xfam_lib.sparse.pattern_mask"], "q3a": ["xfam_lib.sparse.gallery.pattern_mask"]})
+    assert list(entries) == ["xfam_lib.sparse.pattern_mask"] and entries["xfam_lib.sparse.pattern_mask"][1] == ["q1a", "q3a"]
+    resolve = off_limits_resolver(entries)
+    assert resolve("xfam_lib.sparse.gallery.pattern_mask") == resolve("xfam_lib.sparse.pattern_mask") != []

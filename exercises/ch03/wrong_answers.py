@@ -223,6 +223,22 @@ def tiled_materialises(q, k, v, block_size=64, causal=False):
     return _full_attention(q, k, v, causal)              # right values, but builds the Lq x Lk matrix
 
 
+def tiled_numpy_full(q, k, v, block_size=64, causal=False):
+    import numpy as np                                   # the full matrix where torch's hooks cannot see it
+
+    s = q.numpy() @ k.numpy().swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        lq, lk = s.shape[-2:]
+        s = np.where(np.arange(lk) <= np.arange(lq)[:, None] + (lk - lq), s, -np.inf)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return torch.from_numpy((s / s.sum(-1, keepdims=True)) @ v.numpy()).to(q.dtype)
+
+
+def tiled_dispatch_off(q, k, v, block_size=64, causal=False):
+    with torch._C._DisableTorchDispatch():               # the full matrix with torch's dispatch hooks off
+        return _full_attention(q, k, v, causal)
+
+
 def tiled_fused(q, k, v, block_size=64, causal=False):
     lq, lk = q.shape[-2], k.shape[-2]
     mask = (torch.arange(lk) <= torch.arange(lq).unsqueeze(-1) + (lk - lq)) if causal else None
@@ -500,6 +516,8 @@ WRONG_ANSWERS = {
     },
     "q6a": {
         "materialises": ({"tiled_attention": tiled_materialises}, "memory budget"),
+        "numpy_full_matrix": ({"tiled_attention": tiled_numpy_full}, "ran out of memory in a process"),
+        "dispatch_off": ({"tiled_attention": tiled_dispatch_off}, "ran out of memory in a process"),
         "fused_kernel": ({"tiled_attention": tiled_fused}, "fused attention"),
         "no_rescale": ({"tiled_attention": tiled_no_rescale}, "neither acc nor l is rescaled"),
         "acc_not_rescaled": ({"tiled_attention": tiled_acc_not_rescaled}, "acc is not rescaled"),

@@ -73,16 +73,19 @@ code that digs them out is caught by these flags, not by the tripwires.
 
 What this does not stop: code that copies a solution (from the public repository or from a
 classmate), or that re-implements the library by reading its source file (the flags point at
-the second); and properties a test measures inside the runner (a memory budget, a kernel spy)
-can be forged by code that patches the measuring functions (flagged too).
+the second); and properties a test measures inside the runner (a kernel spy) can be forged by
+code that patches the measuring functions (flagged too). A memory budget is held by the
+operating system instead (`run_with_memory_budget`: the call in a child process under an
+address-space limit), so numpy or torch with its dispatch hooks off cannot build what does not fit.
 
 Modules: `compare` (outputs against expected values), `checks` (`check_cases`, cases, collection),
 `scanner` (a notebook's cells and the syntax-tree scan), `guard` (off-limits names and tripwires),
-`channel` (the runner's reply frames), `runner` (the untrusted process), `sandbox` (its
+`budget` (memory budgets in a child process), `channel` (the runner's reply frames), `runner` (the untrusted process), `sandbox` (its
 confinement and the judge's handle on it), `judge` (`Judge`, `Report`), `otter_plugin`
 (`OtterJudge`, `otter_notebook`). It is installed with the exercises (``exercises/pyproject.toml``),
 not with ``xfam_lib``.
 """
+from .budget import memory_budget_available, run_with_memory_budget
 from .checks import (DEFAULT_TIME_LIMIT, OffLimitsError, SubmissionTimeout, case_label, check_cases, jit_body_problems,
                      time_limit)
 from .compare import compare_outputs, output_problems
@@ -101,6 +104,8 @@ __all__ = [
     "case_label",
     "check_cases",
     "jit_body_problems",
+    "run_with_memory_budget",
+    "memory_budget_available",
     "Limits",
     "scan_code",
     "notebook_code_cells",
