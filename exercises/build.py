@@ -19,9 +19,9 @@ check builds its cases and its reference. In the student notebook otter's unpinn
 ``xfam_lib`` at the book's release, and fetches the public tests of that release), otter's init
 cell uses `xfam_grading.otter_notebook` (failure messages without otter's traceback
 header, the off-limits scan; its ``tests/grading.json`` says what to scan), links to the
-chapter point at its rendered page (`chapter_url`: ``html: baseurl:`` of `_config.yml` once
-the book is published, the local book build until then), and each question links to its
-section of the chapter (`question_section`).
+chapter point where students read it (`chapter_url`: the published book at ``html: baseurl:`` of
+`_config.yml` once it is set, until then the chapter on GitHub at the release tag), and each
+question links to its section of the chapter (`question_sections`).
 
 Usage: ``python exercises/build.py [ch01 ...]`` (default: every chapter). ``make exercises`` runs it.
 """
@@ -110,16 +110,56 @@ def otter_requirement() -> str:
     return _pin("otter-grader", ROOT / "requirements-grading.txt")
 
 
+# What grader.check needs besides what Colab ships (its runtime of 2026-08-19 has otter's other
+# requirements, some at other versions, which the check API does not mind): installed with --no-deps,
+# so that nothing Colab ships is replaced. Measured by importing otter and running Notebook.check in a
+# venv of Colab's versions.
+CHECK_ONLY = ("fica", "ipylab", "python-frontmatter")
+
+
+def check_requirements() -> list[str]:
+    """The pinned packages the exercise notebooks install on Colab for ``grader.check``."""
+    lock = ROOT / "requirements-lock.txt"
+    return [otter_requirement(), *(_pin(p, lock) for p in CHECK_ONLY)]
+
+
 def setup_cell_source(chapter: str) -> str:
     """The first cell of a chapter's exercise notebooks.
 
     The chapters' canonical setup cell (scripts/setup_cell.py, which installs ``xfam_lib`` at the
-    release) with the pinned otter-grader and the grading package (``xfam_grading``, from the repository's
-    ``exercises`` folder at the release) added to its Colab install line, then, on Colab only, a
+    release), then on Colab the pinned otter-grader and the few packages its check API needs that Colab
+    lacks (`check_requirements`) with the grading package (``xfam_grading``, from the repository's
+    ``exercises`` folder at the release), all without their dependencies, so nothing Colab ships is
+    replaced (one line says what was installed), then, on Colab only, a
     sparse shallow clone of the repository at the release that copies just
     ``exercises/<chapter>/student/tests`` to ``./tests`` (otter looks there).
     """
     tests = f"exercises/{chapter}/student/tests"
+    pins = ",\n            ".join(f'"{pin}"' for pin in check_requirements())
+    grading = (
+        "\n"
+        "if \"google.colab\" in sys.modules:  # grader.check, replacing nothing Colab ships\n"
+        "    from importlib import metadata\n"
+        "\n"
+        "    def missing(pin):\n"
+        "        try:\n"
+        "            return metadata.version(pin.split(\"==\")[0]) != pin.split(\"==\")[1]\n"
+        "        except metadata.PackageNotFoundError:\n"
+        "            return True\n"
+        "\n"
+        f"    pins = [{pins}]\n"
+        "    added = [pin for pin in pins if missing(pin)]\n"
+        "    grading = f\"xfam_grading @ git+{URL}@{RELEASE}#subdirectory=exercises\"\n"
+        "    pip = subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", \"--no-deps\",\n"
+        "                          *added, grading], capture_output=True, text=True)\n"
+        "    if pip.returncode:\n"
+        "        print(pip.stderr[-3000:], file=sys.stderr)\n"
+        "        raise RuntimeError(\"Installing the checks failed (pip's message is above): \"\n"
+        "                           \"run this cell again.\")\n"
+        "    if added:\n"
+        "        print(\"installed for grader.check, without their dependencies (nothing of \"\n"
+        "              f\"Colab's replaced): {', '.join(added)}\")"
+    )
     fetch = (
         "\n"
         "import os\n"
@@ -137,8 +177,7 @@ def setup_cell_source(chapter: str) -> str:
         "                               \"message is above): run this cell again.\")\n"
         "    shutil.copytree(os.path.join(repo, tests), \"tests\")"
     )
-    grading = 'f"xfam_grading @ git+{URL}@{RELEASE}#subdirectory=exercises"'      # URL, RELEASE: the cell's
-    return _setup_cell_module().setup_cell_source(extra_pip=f'"{otter_requirement()}", {grading}') + fetch
+    return _setup_cell_module().setup_cell_source() + grading + fetch
 
 
 def book_url() -> str:
@@ -149,13 +188,30 @@ def book_url() -> str:
     return match.group(1).rstrip("/") if match else ""
 
 
-LOCAL_BOOK = "../../../_build/html"     # the book build's pages, seen from exercises/chNN/student/
+def github_anchor(title: str) -> str:
+    """The anchor GitHub gives a Markdown heading (github-slugger): lower case, punctuation dropped,
+    spaces to hyphens."""
+    text = re.sub(r"\$([^$]*)\$", r"\1", title.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
-def chapter_url(notebook: str, anchor: str = "") -> str:
-    """A chapter's rendered page (and section): at `book_url` once published, else the local book build's."""
-    page = f"{book_url() or LOCAL_BOOK}/chapters/{Path(notebook).stem}.html"
+def chapter_url(notebook: str, title: str = "") -> str:
+    """Where a student reads a chapter (and its section titled ``title``): the published book
+    (`book_url`, anchors as the book build makes them) once ``html: baseurl:`` is set, until then the
+    chapter notebook on GitHub at the release tag (anchors as GitHub makes them)."""
+    if book_url():
+        page = f"{book_url()}/chapters/{Path(notebook).stem}.html"
+        anchor = _sphinx_anchor(title) if title else ""
+    else:
+        page = f"{repository_url()}/blob/{release()}/chapters/{notebook}"
+        anchor = github_anchor(title) if title else ""
     return f"{page}#{anchor}" if anchor else page
+
+
+def _sphinx_anchor(title: str) -> str:
+    from docutils.nodes import fully_normalize_name, make_id
+
+    return make_id(fully_normalize_name(title))
 
 
 _METHOD = r"M\d+\.\d+"
@@ -164,8 +220,6 @@ _METHOD = r"M\d+\.\d+"
 def chapter_sections(notebook: str) -> list[tuple[int, str, str, str]]:
     """``(level, title, anchor, comments)`` of every heading of a chapter notebook: anchors as the book build
     makes them; ``comments``: the ``<!-- M8.9 -->`` comments of the heading's cell below it."""
-    from docutils.nodes import fully_normalize_name, make_id
-
     nb = nbformat.read(ROOT / "chapters" / notebook, as_version=4)
     sections, fence = [], False
     for cell in (c for c in nb.cells if c.cell_type == "markdown"):
@@ -175,15 +229,37 @@ def chapter_sections(notebook: str) -> list[tuple[int, str, str, str]]:
             heading = re.match(r"(#{1,6})\s+(.+?)\s*$", line)
             if heading and not fence:
                 title = heading.group(2)
-                sections.append([len(heading.group(1)), title, make_id(fully_normalize_name(title)), ""])
+                sections.append([len(heading.group(1)), title, _sphinx_anchor(title), ""])
                 current = sections[-1]
             elif current is not None and "<!--" in line:
                 current[3] += " " + line
     return [tuple(section) for section in sections]
 
 
+def question_sections(notebook: str, prompt: str) -> list[tuple[str, str]]:
+    """``(shown title, heading)`` of the chapter sections a question points at: those its comment names
+    (``<!-- M10.2 section 10.7 10.8 -->``), else the one of `question_section`."""
+    comment = re.search(r"<!--(.*?)-->", prompt, flags=re.S)
+    named = re.search(r"\bsections?\s+((?:\d+\.\d+[\s,]*)+)", comment.group(1)) if comment else None
+    if named:
+        wanted = re.findall(r"\d+\.\d+", named.group(1))
+        found = [(title, title) for _, title, _, _ in chapter_sections(notebook)
+                 for number in wanted if title.startswith(number + " ")]
+        if len(found) != len(wanted):
+            raise ValueError(f"{notebook} has no section {', '.join(wanted)} (a question's comment names it)")
+        return [(_shown(title), title) for title, _ in found]
+    best = question_section(notebook, prompt)
+    return [best] if best else []
+
+
+def _shown(title: str) -> str:
+    """A heading without its trailing ``(M7.5, M7.6)`` markers."""
+    return re.sub(rf"\s*\({_METHOD}[^)]*\)\s*$", "", title)
+
+
 def question_section(notebook: str, prompt: str) -> tuple[str, str] | None:
-    """``(title, anchor)`` of the chapter section a question's METHODS markers (``<!-- M8.8 M8.9 -->``) point at.
+    """``(shown title, heading)`` of the chapter section a question's METHODS markers (``<!-- M8.8 M8.9 -->``)
+    point at.
 
     Below the chapter's title: the heading whose title names the most markers; on a tie, the one
     naming the question's later marker, then the deepest, then the one whose comments name the most
@@ -202,10 +278,10 @@ def question_section(notebook: str, prompt: str) -> tuple[str, str] | None:
             others = len(re.findall(_METHOD, title + comments))
             key = (len(in_title), max(in_title + in_comments), level, len(in_comments), -others, -index)
             if best is None or key > best[0]:
-                best = (key, title, anchor)
+                best = (key, title)
     if best is None:
         return None
-    return re.sub(rf"\s*\({_METHOD}[^)]*\)\s*$", "", best[1]), best[2]
+    return _shown(best[1]), best[1]
 
 
 def fix_master(master: Path, chapter: str) -> bool:
@@ -377,10 +453,17 @@ def judge_config(chapter: str, questions: list[Question], library: list[str] = (
     """The grading plugin's configuration in the autograder's ``otter_config.json``.
 
     ``library``: the ``xfam_lib`` names the student notebook imports, which a submission may use
-    (with the modules every notebook may use, `xfam_grading.scanner.LIBRARY_ALWAYS`).
+    (with the modules every notebook may use, `xfam_grading.scanner.LIBRARY_ALWAYS`). Each part's
+    ``off_limits`` are the master's names; ``implied_off_limits`` closes them under the library's own
+    calls (`xfam_grading.guard.implied_off_limits`: every library function or class that calls one of
+    them, except the names the notebook was given).
     """
+    from xfam_grading.guard import implied_off_limits
+
+    off_limits = {q.name: q.off_limits for q in questions if q.off_limits}
     return {"chapter": chapter, "release": release(), "setup_cell": setup_cell_source(chapter),
-            "off_limits": {q.name: q.off_limits for q in questions if q.off_limits}, "library": list(library)}
+            "off_limits": off_limits, "implied_off_limits": implied_off_limits(off_limits, list(library)),
+            "library": list(library)}
 
 
 # ----------------------------------------------------------------------------- the student notebook
@@ -413,11 +496,11 @@ def _student_notebook(path: Path, setup_source: str):
             cell.source = cell.source.replace(OTTER_CHECK_ALL_TEXT, CHECK_ALL_TEXT)
             cell.source = re.sub(r"\]\(\.\./\.\./chapters/([\w.-]+\.ipynb)\)",
                                  lambda m: f"]({chapter_url(m.group(1))})", cell.source)
-            section = question_section(chapter, cell.source) if chapter and cell.source.startswith("## Question") \
-                else None
-            if section:
-                cell.source = cell.source.rstrip("\n") + f"\n\nIn the chapter: [{section[0]}]" \
-                    f"({chapter_url(chapter, section[1])})"
+            sections = question_sections(chapter, cell.source) if chapter and cell.source.startswith("## Question") \
+                else []
+            if sections:
+                cell.source = cell.source.rstrip("\n") + "\n\nIn the chapter: " + "; ".join(
+                    f"[{shown}]({chapter_url(chapter, heading)})" for shown, heading in sections)
     nb.cells = cells
     nb.metadata.pop("jupytext", None)
     nb.metadata.update(COLAB_METADATA)

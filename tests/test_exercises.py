@@ -125,7 +125,16 @@ def _generic(question, env: dict, kind: str) -> dict:
     replaced = {}
     for name in build.answer_names(question):
         original = env[name]
-        if isinstance(original, type):
+        if type(original).__module__.startswith("triton."):    # a kernel function: misbehave inside Triton
+            import triton
+            import triton.language as tl
+
+            body = ("    tl.static_assert(False, 'deliberate RuntimeError in a wrong submission')" if kind == "exception"
+                    else "    while True:\n        pass")
+            scope = {"triton": triton, "tl": tl}
+            exec(compile(f"@triton.jit\ndef misbehave(*args):\n{body}\n", "<a wrong kernel>", "exec"), scope)
+            replaced[name] = scope["misbehave"]
+        elif isinstance(original, type):
             replaced[name] = type(name, (original,), {"__init__": misbehave, "forward": misbehave})
         else:
             replaced[name] = misbehave
@@ -174,6 +183,20 @@ def test_setup_cell_is_pinned_to_the_release():
     assert '"--branch", RELEASE' in source and '"main"' not in source
 
 
+def test_the_exercise_setup_replaces_nothing_colab_ships():
+    """On Colab, grader.check gets otter and the few packages its check API needs that Colab lacks, all
+    with --no-deps (so pip changes none of Colab's packages), and the cell says in one line what it
+    installed; xfam_lib's own install line names no grading package."""
+    source = build.setup_cell_source("ch03")
+    grading = source[source.index("# grader.check"):source.index("import os\nif")]
+    pins = build.check_requirements()
+    assert pins[0] == build.otter_requirement() and all(p.count("==") == 1 for p in pins), pins
+    assert '"--no-deps"' in grading and all(f'"{p}"' in grading for p in pins), grading
+    assert grading.count("print(") == 2 and "installed for grader.check" in grading    # pip's error, or the one line
+    install = source[:source.index("# grader.check")]
+    assert "otter" not in install and "xfam_grading" not in install, install
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_committed_student_folder_is_up_to_date(chapter, built):
     committed = ROOT / "exercises" / chapter / "student"
@@ -220,11 +243,7 @@ def test_student_notebook_texts_links_and_metadata(chapter, built):
     links = re.findall(r"\]\(([^)]*chapters/[^)]*)\)", markdown)
     assert links, "the student notebook does not link to its chapter"
     for link in links:
-        page, _, anchor = link.partition("#")
-        assert page.startswith(f"{build.book_url() or build.LOCAL_BOOK}/chapters/") and page.endswith(".html"), link
-        notebook = page.rsplit("/", 1)[-1].replace(".html", ".ipynb")
-        assert (ROOT / "chapters" / notebook).is_file(), f"{link} names no chapter"
-        assert not anchor or anchor in [a for _, _, a, _ in build.chapter_sections(notebook)], f"{link}: no section"
+        _resolve(link)
     questions = [c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("## Question")]
     linked = [q for q in questions if re.search(r"In the chapter: \[[^]]+\]\([^)#]+#[\w-]+\)", q)]
     assert len(linked) == len(questions), f"only {len(linked)} of {len(questions)} questions link their section"
@@ -235,18 +254,47 @@ def test_student_notebook_texts_links_and_metadata(chapter, built):
     assert checks == [f'grader.check("{q.name}")' for q in QUESTIONS[chapter]], "one check cell per graded part"
 
 
-def test_a_question_links_to_its_section_of_the_rendered_chapter(monkeypatch):
-    """The section a question's METHODS markers name, with the anchor the book build gives it; the address
-    follows ``html: baseurl:`` once the book is published."""
-    prompt = "## Question 1. Causal linear attention\n<!-- M8.8 M8.9 -->\n"
-    title, anchor = build.question_section("08_linear_attention.ipynb", prompt)
-    assert title == "8.6 Causal linear attention: parallel, recurrent and chunkwise", title
-    assert anchor == "causal-linear-attention-parallel-recurrent-and-chunkwise", anchor    # as in the HTML
+def _resolve(link: str) -> None:
+    """A chapter link is the published book's page or the chapter on GitHub at the release tag, and its
+    anchor is one that page gives a heading of the chapter (Sphinx ids for the book, GitHub's for GitHub)."""
+    page, _, anchor = link.partition("#")
+    github = f"{build.repository_url()}/blob/{build.release()}/chapters/"
+    if page.startswith(github):
+        notebook, slug = page[len(github):], build.github_anchor
+    else:
+        assert build.book_url() and page.startswith(f"{build.book_url()}/chapters/") and page.endswith(".html"), link
+        notebook, slug = page.rsplit("/", 1)[-1].replace(".html", ".ipynb"), build._sphinx_anchor
+    assert (ROOT / "chapters" / notebook).is_file(), f"{link} names no chapter"
+    assert not anchor or anchor in [slug(title) for _, title, _, _ in build.chapter_sections(notebook)], \
+        f"{link}: no heading of {notebook} has this anchor"
+
+
+QUESTION_SECTIONS = {            # sections a reader of the question needs, checked by hand against the chapters
+    ("ch07", 2): ["7.2"], ("ch10", 2): ["10.2"], ("ch10", 4): ["10.7", "10.8"], ("ch08", 1): ["8.6"],
+}
+
+
+@pytest.mark.parametrize("chapter, number", list(QUESTION_SECTIONS))
+def test_a_question_links_to_the_section_it_is_about(chapter, number, built):
+    nb = nbformat.read(built(chapter).student_dir / f"{chapter}_exercises.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith(f"## Question {number}."))
+    shown = re.findall(r"In the chapter: (.*)", cell)[0]
+    assert re.findall(r"\[(\d+\.\d+) ", shown) == QUESTION_SECTIONS[chapter, number], shown
+
+
+def test_chapter_links_follow_where_the_book_is_published(monkeypatch):
+    """Until ``html: baseurl:`` is set the chapter on GitHub at the release tag (GitHub's anchors), then
+    the published page (the book build's anchors)."""
+    title = "8.6 Causal linear attention: parallel, recurrent and chunkwise"
     monkeypatch.setattr(build, "book_url", lambda: "")
-    assert build.chapter_url("08_linear_attention.ipynb", anchor) == \
-        f"../../../_build/html/chapters/08_linear_attention.html#{anchor}"
+    assert build.chapter_url("08_linear_attention.ipynb", title) == (
+        f"{build.repository_url()}/blob/{build.release()}/chapters/08_linear_attention.ipynb"
+        "#86-causal-linear-attention-parallel-recurrent-and-chunkwise")
     monkeypatch.setattr(build, "book_url", lambda: "https://example.org/book")
-    assert build.chapter_url("08_linear_attention.ipynb") == "https://example.org/book/chapters/08_linear_attention.html"
+    assert build.chapter_url("08_linear_attention.ipynb", title) == ("https://example.org/book/chapters/"
+                                                                    "08_linear_attention.html#causal-linear-attention-"
+                                                                    "parallel-recurrent-and-chunkwise")
+    _resolve(build.chapter_url("08_linear_attention.ipynb", title))
 
 
 # ----------------------------------------------------------------------------- every part against good and bad answers

@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -117,6 +118,28 @@ def test_an_endless_loop_is_stopped_once_per_check(monkeypatch):
         check_cases("loop", params=[{"i": i} for i in range(5)], make_case=lambda p: p, submission=loop,
                     reference=lambda c: c)
     assert time.perf_counter() - start < 1.0          # one time-out, not five
+
+
+def test_an_error_is_located_in_the_students_cell_not_in_the_tests_spy():
+    """An error that passes through a test's dispatch spy is reported at the student's line."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    student = {}
+    exec(compile("import torch\ndef tiled(x):\n    y = x * 2\n    return y @ torch.ones(3, 2)\n", "<cell 4>", "exec"),
+         student)
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def submission(c):
+        with Spy():
+            return student["tiled"](c["x"])
+
+    with pytest.raises(AssertionError) as failed:
+        check_cases("spied", params=[{"n": 4}], make_case=lambda p: {"x": torch.ones(p["n"], 4)},
+                    submission=submission, reference=lambda c: c["x"], limit=300)
+    assert "(in tiled, line 4 of its cell)" in str(failed.value), failed.value
 
 
 def test_trim_otter_message_keeps_only_what_the_check_says():
@@ -303,6 +326,11 @@ def test_a_module_off_limits_covers_its_private_helpers(cell):
     ("import os\nos.fork()", "uses os.fork"),
     ("import subprocess\nsubprocess.run(['ls'])", "starts processes"),
     ("open('../tests/q1a.py', 'w').write('x')", "opens a file for writing"),
+    ("import torch\ntorch.save({'w': 1}, 'debug.pt')", "writes a file (torch.save)"),
+    ("import numpy as np\nnp.save('x.npy', np.zeros(2))", "writes a file (numpy.save)"),
+    ("import runpy", "runs modules by name"),
+    ("import code\ncode.InteractiveInterpreter().runsource('1')", "an interpreter"),
+    ("from pkgutil import resolve_name", "resolves or reads modules by name"),
     ("exec('print(1)')", "runs code from a string"),
     ("import sys\nsys.exit(0)", "ends the process"),
 ])
@@ -492,6 +520,186 @@ def test_a_tripwire_on_a_method_stops_super():
     finally:
         guard.uninstall()
     assert "update" in vars(A.KVCache) and vars(A.KVCache)["update"].__module__ == "xfam_lib.attention"
+
+
+def _guarded(off_limits, library=(), parts=("q1a", "q2a")):
+    """A guard with the run-time allowlist of a notebook given ``library`` (as the runner installs it)."""
+    from xfam_grading.guard import allowed_homes
+
+    return _Guard(off_limits, allowed_homes(list(library)), list(parts)).install()
+
+
+def test_a_library_name_off_the_allowlist_is_a_tripwire_however_reached():
+    """The allowlist holds at run time: a library function reached by a string (operator.attrgetter,
+    pkgutil.resolve_name) and called from the student's code costs the part whose checks run; the
+    library's own use of it, and the names the notebook was given, are let through."""
+    student = {}
+    exec(compile("import operator, pkgutil, torch, xfam_lib, xfam_lib.sparse\n"
+                 "def by_attrgetter(q, mask):\n"
+                 "    return operator.attrgetter('sparse.dense_masked_attention')(xfam_lib)(q, q, q, mask)\n"
+                 "def by_resolve_name(q, mask):\n"
+                 "    return pkgutil.resolve_name('xfam_lib.sparse:dense_masked_attention')(q, q, q, mask)\n"
+                 "def given(q):\n"
+                 "    return operator.attrgetter('attention.MultiHeadAttention')(xfam_lib)(4, 2)(q)\n",
+                 "<cell 1>", "exec"), student)
+    q = torch.randn(1, 3, 4)
+    guard = _guarded({"q1a": ["xfam_lib.attention.scaled_dot_product_attention"]},
+                     library=["xfam_lib.attention.MultiHeadAttention"])
+    try:
+        with guard.active("q1a"):
+            for name in ("by_attrgetter", "by_resolve_name"):
+                with pytest.raises(OffLimitsError, match="not among the library names"):
+                    student[name](q, torch.ones(3, 3, dtype=torch.bool))
+            assert student["given"](q).shape == q.shape      # given; its forward calls sdpa itself
+        assert guard.violations.keys() == {"q1a"} and all("dense_masked_attention" in v
+                                                          for v in guard.violations["q1a"]), guard.violations
+    finally:
+        guard.uninstall()
+
+
+def test_a_tripwire_on_a_class_covers_its_methods():
+    """An instance made without calling __init__ (object.__new__, a copy) still meets the tripwire
+    in forward and in every method of its own."""
+    import xfam_lib.attention as A
+
+    model = A.MultiHeadAttention(4, 2)                       # built before the tripwires are set
+    guard = _guarded({"q1a": ["xfam_lib.attention.MultiHeadAttention"]},
+                     library=["xfam_lib.attention.MultiHeadAttention"])
+    student = {"MHA": A.MultiHeadAttention}
+    exec(compile("import torch\ndef bypass(q, model):\n    fake = object.__new__(MHA)\n"
+                 "    torch.nn.Module.__init__(fake)\n    fake.__dict__.update(model.__dict__)\n"
+                 "    return fake.forward(q)\n", "<cell 1>", "exec"), student)
+    try:
+        with guard.active("q1a"), pytest.raises(OffLimitsError):
+            student["bypass"](torch.randn(1, 3, 4), model)
+        assert any("MultiHeadAttention.forward" in v for v in guard.violations["q1a"]), guard.violations
+    finally:
+        guard.uninstall()
+
+
+def test_the_audit_hook_refuses_reading_or_recompiling_the_library_from_student_code():
+    """The runner's audit hook: the student's code may not read a library source file, compile code under
+    a real file's name, or re-run library-named code; its own import of runpy is flagged, torch's or
+    Triton's imports are not. (The hook stays installed in this process; it answers for no guard after.)"""
+    import xfam_lib.attention as A
+    from xfam_grading import guard as guard_module
+
+    guard = _guarded({})
+    student = {"path": A.__file__}
+    source = ("import runpy, importlib\n"
+              "def read():\n    return open(path).read()\n"
+              "def forge():\n    return compile('x = 1', path, 'exec')\n"
+              "def rerun():\n    return runpy.run_path(path)\n"
+              "def honest():\n    return compile('x = 1', '<mine>', 'exec')\n")
+    try:
+        guard_module.audit_with(guard)
+        exec(compile(source, "<cell 1>", "exec"), student)
+        exec(compile("import triton\n", "<cell 2>", "exec"), {})
+        for name in ("read", "forge", "rerun"):
+            with pytest.raises(PermissionError):
+                student[name]()
+        assert student["honest"]() is not None
+        assert guard.flags == ["imports runpy while it runs (runs or resolves code by name)"], guard.flags
+    finally:
+        guard_module._AUDIT["guard"] = None
+        guard.uninstall()
+
+
+def test_off_limits_are_closed_under_the_librarys_own_calls():
+    """reinforce_loss computes returns_to_go: with returns_to_go off limits, so is reinforce_loss,
+    unless the notebook was given it; an implied name off the allowlist still costs every part."""
+    from xfam_grading.guard import implied_off_limits
+    from xfam_grading.judge import scan_notebook
+
+    implied = implied_off_limits({"q3a": ["xfam_lib.rl.returns_to_go"]})
+    assert "xfam_lib.rl.reinforce_loss" in implied["q3a"] and "xfam_lib.rl.returns_to_go" not in implied["q3a"]
+    given = implied_off_limits({"q3a": ["xfam_lib.rl.returns_to_go"]}, library=["xfam_lib.rl.reinforce_loss"])
+    assert "xfam_lib.rl.reinforce_loss" not in given.get("q3a", []), given
+    config = {"off_limits": {"q3a": ["xfam_lib.rl.returns_to_go"]}, "implied_off_limits": implied,
+              "library": ["xfam_lib.rl.reinforce_loss"]}
+    cell = ["from xfam_lib.rl import reinforce_loss"]
+    assert list(scan_notebook(cell, ["q3a"], config, ["q3a", "q3b"])[0]) == ["q3a"]     # given: q3a only
+    config["library"] = []
+    assert sorted(scan_notebook(cell, ["q3a"], config, ["q3a", "q3b"])[0]) == ["q3a", "q3b"]   # off the allowlist
+
+
+def test_an_output_is_copied_into_bounded_plain_data():
+    """A fake NumPy scalar whose item() returns stride-0 views of one tiny storage is refused; a real
+    expanded view counts every element it stands for; the judge refuses a stride-0 tensor."""
+    from xfam_grading.channel import message_problem
+    from xfam_grading.checks import MAX_OUTPUT_ELEMENTS, NotPlainData, _plain
+
+    class FakeScalar:
+        dtype, ndim = torch.float32, 0
+
+        def item(self):
+            return [torch.zeros(1).expand(2 ** 20)] * 1000
+
+    with pytest.raises(NotPlainData):
+        _plain(FakeScalar(), "output")
+    with pytest.raises(NotPlainData, match="more than"):
+        _plain([torch.zeros(1).expand(MAX_OUTPUT_ELEMENTS // 4)] * 8, "output")
+    copy = _plain({"x": torch.zeros(1).expand(6)}, "output")["x"]
+    assert copy.stride() == (1,) and copy.untyped_storage().nbytes() == 6 * 4
+
+    class Task:
+        names, cases = ["sdpa"], [{}]
+
+    forged = {"kind": "task", "id": 0, "results": [{"ok": True, "value": torch.zeros(1).expand(10 ** 6)}],
+              "violations": [], "missing": []}
+    assert message_problem(forged, 1, [Task()], set()), "a stride-0 view was accepted"
+
+
+def test_an_exception_is_formatted_inside_the_time_limit():
+    """str() of the student's exception is the student's code: it runs under the call's time limit."""
+    import time
+
+    class Slow(Exception):
+        def __str__(self):
+            time.sleep(30)
+            return "never"
+
+    def slow(c):
+        raise Slow()
+
+    start = time.perf_counter()
+    with pytest.raises(AssertionError, match="did not finish within the time limit"):
+        check_cases("slow message", params=[{"n": 1}], make_case=lambda p: p, submission=slow,
+                    reference=lambda c: c, limit=0.5)
+    assert time.perf_counter() - start < 5
+
+
+def test_the_judge_stops_comparing_at_its_deadline(ch02):
+    """Scoring one submission has a deadline: the cases left after it fail, the others keep their verdicts."""
+    _, judge = ch02
+    task = judge.tasks[0]
+    result = {"id": task.id, "results": [{"ok": True, "value": e} for e in task.expected], "violations": [],
+              "missing": []}
+    assert judge._judge_task(task, result, "") == []
+    late = judge._judge_task(task, result, "", deadline=0.0)
+    assert late and "not compared" in late[0][0], late
+
+
+def test_the_why_column_holds_no_hidden_case_and_names_the_part_an_error_came_from(ch02):
+    """What a part's ``why`` says (the CSV column an instructor may return): which checks fail and how
+    many cases, never a hidden case's parameters or expected values; an error raised in another part's
+    answer is named with that part, and a part is "not attempted" only for its own untouched stub."""
+    from xfam_grading.judge import QuestionResult, TestResult
+
+    _, judge = ch02
+    env = {"sdpa": lambda q, k, v, mask=None: (q * 0, None)}
+    verdict = judge.grade_namespace(env, ["q1a"]).questions["q1a"]
+    hidden = [t for t in verdict.tests if t.hidden]
+    assert hidden and all("case " in t.message for t in hidden)                  # the feedback file: cases
+    why = verdict.message()
+    assert why and "case " not in why and "expected" not in why and "cases fail" in why, why
+    stub_elsewhere = ("[x] every case (2): your code raised NotImplementedError: Question 1(a): write sdpa "
+                      "(in sdpa, line 3 of its cell)")
+    part = QuestionResult("q1b", [TestResult("t", True, 1.0, False, stub_elsewhere)], own=["misplaced_weights"])
+    assert part.attempted                                   # its own answer was written; q1a's is the stub
+    own = QuestionResult("q1a", [TestResult("t", True, 1.0, False, stub_elsewhere)], own=["sdpa"])
+    assert not own.attempted
+    assert "raised in sdpa (q1a)" in judge._raised_elsewhere("[x] 2 of 2 cases fail", stub_elsewhere, "q1b")
 
 
 ISOLATION_PROBE = """
@@ -781,6 +989,56 @@ try:
 except OSError as exc:
     print("no network:", exc)
 """, "before", None),
+    # the third set: library code reached at run time, re-executed or read; outputs that cost the judge
+    "attrgetter_off_the_allowlist": ("""
+import operator, xfam_lib                     # xfam_lib.sparse is loaded already: no import names it
+_dense = operator.attrgetter("sparse.dense_masked_attention")(xfam_lib)
+def sdpa(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    full = torch.ones(scores.shape[-2:], dtype=torch.bool) if mask is None else mask
+    return _dense(q, k, v, full), _weights(scores, mask)
+""" + WEIGHTS, "replace", "q1a"),
+    "runpy_reexecutes_the_library": ("""
+import runpy
+try:
+    _fresh = runpy.run_module("xfam_lib.attention")["scaled_dot_product_attention"]
+except Exception as exc:
+    print("runpy refused:", type(exc).__name__)
+    _fresh = None
+def sdpa(q, k, v, mask=None):
+    return _fresh(q, k, v, mask, return_weights=True)
+""", "replace", "q1a"),
+    "get_data_and_an_interpreter": ("""
+import code, pkgutil
+_ns = {"__name__": "fresh"}
+try:
+    _src = pkgutil.get_data("xfam_lib", "attention.py").decode()
+    code.InteractiveInterpreter(_ns).runsource(_src, "<library>", "exec")
+except Exception as exc:
+    print("get_data refused:", type(exc).__name__)
+def sdpa(q, k, v, mask=None):
+    return _ns["scaled_dot_product_attention"](q, k, v, mask, return_weights=True)
+""", "replace", "q1a"),
+    "forged_file_name_in_compile": ("""
+import os, xfam_lib.utils as U
+_file = os.path.join(os.path.dirname(getattr(U, "__fi" + "le__")), "attention.py")
+_ns = {}
+try:
+    exec(compile("import xfam_lib.attention as A\\ndef f(*a, **k):\\n    return A.attention_reference(*a, **k)\\n",
+                 _file, "exec"), _ns)
+except Exception as exc:
+    print("compile refused:", type(exc).__name__)
+def sdpa(q, k, v, mask=None):
+    return _ns["f"](q, k, v, mask)
+""", "replace", "q1a"),
+    "huge_output_from_a_tiny_storage": ("""
+class _Scalar:
+    dtype, ndim = torch.float32, 0
+    def item(self):
+        return [torch.zeros(1).expand(2 ** 22)] * 64
+def sdpa(q, k, v, mask=None):
+    return _Scalar(), _Scalar()
+""", "replace", "q1a"),
 }
 
 
@@ -867,6 +1125,13 @@ def test_an_attack_scores_nothing_on_its_part_or_is_flagged(attack, attack_run):
         assert row["total"] == "0" and "off the allowlist" in row["q2a why"], row
     if attack in ("closure_of_the_tripwire", "forged_code_file_name"):
         assert "__closure__" in row["flags"] or "__code__" in row["flags"], row
+    if attack in ("runpy_reexecutes_the_library", "get_data_and_an_interpreter"):
+        assert "runs or resolves code by name" in row["flags"], row
+    if attack == "attrgetter_off_the_allowlist":
+        assert "calls xfam_lib.sparse" in row["q1a why"] and _points(row, "q1b") != "0", row
+    if attack == "huge_output_from_a_tiny_storage":              # refused in the runner, in little time
+        seconds = re.search(rf"^{attack}.ipynb: .* in ([\d.]+) s", attack_run["proc"].stdout, flags=re.M)
+        assert "got an object of type _Scalar" in row["q1a why"] and seconds and float(seconds.group(1)) < 60, row
     if attack == "forged_reply":                           # contained: this submission only (the run went on)
         assert row["total"] == "0" and "grading stopped" in row["message"] and "violations" in row["message"], row
 
@@ -893,3 +1158,77 @@ def test_otter_run_with_the_zip_grades_through_the_judge(ch02, tmp_path):
     assert solution.total == solution.possible > 0, solution.summary()
     assert wrong_result.get_score("q1a") == 0 and wrong_result.get_score("q1b") > 0, wrong_result.summary()
     assert wrong_result.total < wrong_result.possible
+
+
+# ----------------------------------------------------------------------------- memory budgets in a child process
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the budget needs fork and /proc")
+def test_a_memory_budget_holds_whatever_allocates():
+    """The full 2048 x 16384 float32 matrix (128 MiB) does not fit a child allowed 32 MiB more, built by torch,
+    by torch with its dispatch hooks off (blind to a TorchDispatchMode spy) or by numpy; a loop over
+    64-column blocks fits and returns its value; an error and an endless call are reported, not raised."""
+    from xfam_grading import run_with_memory_budget
+
+    q, k = torch.randn(2048, 8), torch.randn(16384, 8)
+
+    def blocks():
+        return torch.stack([(q @ k[j:j + 64].T).amax(-1) for j in range(0, k.shape[0], 64)]).amax(0)
+
+    def full_torch():
+        return (q @ k.T).amax(-1)
+
+    def full_no_dispatch():
+        with torch._C._DisableTorchDispatch():
+            return (q @ k.T).amax(-1)
+
+    def full_numpy():
+        return torch.from_numpy((q.numpy() @ k.numpy().T).max(-1))
+
+    budget = 32 * 2 ** 20
+    fits = run_with_memory_budget(blocks, budget)
+    assert not fits["over"] and not fits["error"], fits
+    torch.testing.assert_close(fits["value"], full_torch(), rtol=0, atol=0)
+    for fn in (full_torch, full_no_dispatch, full_numpy):
+        run = run_with_memory_budget(fn, budget)
+        assert run["over"] and run["value"] is None, (fn.__name__, run)
+    assert run_with_memory_budget(full_numpy, 512 * 2 ** 20)["value"].shape == (2048,)   # the limit, not numpy
+
+    def fails():
+        raise ValueError("deliberate")
+
+    def endless():
+        while True:
+            pass
+
+    failed = run_with_memory_budget(fails, budget)
+    assert not failed["over"] and "raised ValueError: deliberate" in failed["error"], failed
+    stopped = run_with_memory_budget(endless, budget, seconds=0.5)
+    assert not stopped["over"] and "time limit" in stopped["error"], stopped
+
+
+def test_a_copy_of_a_layer_the_tests_built_is_theirs_too():
+    """A tripwire on a library class's forward lets the tests' own instance, and a deepcopy of it (a student
+    may copy a given layer), through, but not an instance the student made without its __init__."""
+    import copy
+
+    from xfam_lib.transformer import EncoderLayer
+
+    guard = _Guard({}, allowed=("xfam_lib.utils",), parts=["q1a"]).install()
+    try:
+        scope = {"EncoderLayer": EncoderLayer}
+        exec(compile("given = EncoderLayer(8, 2, 16)\n", "<check q1a>", "exec"), scope)
+        x = torch.randn(1, 3, 8)
+        student = {"copy": copy, "given": scope["given"], "x": x, "EncoderLayer": EncoderLayer}
+        exec(compile("out = copy.deepcopy(given)(x)\n", "<cell>", "exec"), student)
+        with pytest.raises(OffLimitsError):
+            exec(compile("made = EncoderLayer.__new__(EncoderLayer)\nmade.__dict__.update(given.__dict__)\n"
+                         "del made.__dict__['_xfam_given']\nmade(x)\n", "<cell>", "exec"), student)
+    finally:
+        guard.uninstall()
+
+
+def test_one_off_limits_entry_per_object_however_many_spellings():
+    """A re-export and its home are one entry with both parts' questions, so neither spelling hides the other."""
+    entries = expand_off_limits({"q1a": ["xfam_lib.sparse.pattern_mask"], "q3a": ["xfam_lib.sparse.gallery.pattern_mask"]})
+    assert list(entries) == ["xfam_lib.sparse.pattern_mask"] and entries["xfam_lib.sparse.pattern_mask"][1] == ["q1a", "q3a"]
+    resolve = off_limits_resolver(entries)
+    assert resolve("xfam_lib.sparse.gallery.pattern_mask") == resolve("xfam_lib.sparse.pattern_mask") != []

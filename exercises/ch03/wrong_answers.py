@@ -95,6 +95,10 @@ def logn_factor_natural_log(n, train_len):
     return math.log(n)
 
 
+def logn_factor_clipped(n, train_len):
+    return max(1.0, math.log(n) / math.log(train_len))               # never below 1
+
+
 def logn_factor_inverted(n, train_len):
     return math.log(train_len) / math.log(n) if n > 1 else 0.0
 
@@ -219,13 +223,29 @@ def tiled_materialises(q, k, v, block_size=64, causal=False):
     return _full_attention(q, k, v, causal)              # right values, but builds the Lq x Lk matrix
 
 
+def tiled_numpy_full(q, k, v, block_size=64, causal=False):
+    import numpy as np                                   # the full matrix where torch's hooks cannot see it
+
+    s = q.numpy() @ k.numpy().swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        lq, lk = s.shape[-2:]
+        s = np.where(np.arange(lk) <= np.arange(lq)[:, None] + (lk - lq), s, -np.inf)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return torch.from_numpy((s / s.sum(-1, keepdims=True)) @ v.numpy()).to(q.dtype)
+
+
+def tiled_dispatch_off(q, k, v, block_size=64, causal=False):
+    with torch._C._DisableTorchDispatch():               # the full matrix with torch's dispatch hooks off
+        return _full_attention(q, k, v, causal)
+
+
 def tiled_fused(q, k, v, block_size=64, causal=False):
     lq, lk = q.shape[-2], k.shape[-2]
     mask = (torch.arange(lk) <= torch.arange(lq).unsqueeze(-1) + (lk - lq)) if causal else None
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def _tiled(q, k, v, block_size, causal, rescale=True, offset_aligned=True):
+def _tiled(q, k, v, block_size, causal, rescale=True, offset_aligned=True, rescale_acc=True):
     lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     offset = lk - lq if offset_aligned else 0
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
@@ -246,7 +266,7 @@ def _tiled(q, k, v, block_size, causal, rescale=True, offset_aligned=True):
             p = torch.exp(s - shift.unsqueeze(-1))
             alpha = torch.exp(m - shift) if rescale else torch.ones_like(m)
             l = alpha * l + p.sum(dim=-1)
-            acc = alpha.unsqueeze(-1) * acc + p @ v[..., j0:j1, :]
+            acc = (alpha.unsqueeze(-1) * acc if rescale_acc else acc) + p @ v[..., j0:j1, :]
             m = m_new
         out[..., i0:i1, :] = acc / l.unsqueeze(-1)
     return out
@@ -254,6 +274,14 @@ def _tiled(q, k, v, block_size, causal, rescale=True, offset_aligned=True):
 
 def tiled_no_rescale(q, k, v, block_size=64, causal=False):
     return _tiled(q, k, v, block_size, causal, rescale=False)      # forgets exp(m_old - m_new)
+
+
+def tiled_acc_not_rescaled(q, k, v, block_size=64, causal=False):
+    return _tiled(q, k, v, block_size, causal, rescale_acc=False)  # l rescaled, acc not
+
+
+def tiled_float64_buffers(q, k, v, block_size=64, causal=False):
+    return _tiled(q.double(), k.double(), v.double(), block_size, causal)   # float64 whatever the input
 
 
 def tiled_top_left(q, k, v, block_size=64, causal=False):
@@ -376,16 +404,60 @@ def key_loop_no_guard(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: t
     return _key_loop(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, D, GUARD=False)
 
 
-def flash_forward_in_torch(q, k, v, key_loop, causal=False, block_m=16, block_n=16):
-    """The launch replaced by PyTorch: right numbers, and the key loop never runs."""
-    s = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
-    if causal:
-        len_q, len_k = q.shape[-2], k.shape[-2]
-        hidden = torch.arange(len_k) > torch.arange(len_q)[:, None] + (len_k - len_q)
-        s = s.masked_fill(hidden, float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    weights = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
-    return weights @ v.float(), lse / math.log(2)
+def _in_python(*args):
+    """Plain Python inside the kernel: Triton's interpreter runs it (here the right loop; it could be
+    PyTorch or anything), a GPU could not compile it."""
+    return _key_loop(*args)
+
+
+@triton.jit
+def key_loop_calls_python(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    return _in_python(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, D)
+
+
+@triton.jit
+def key_loop_one_tile(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """No loop: one tile of 64 keys, right whenever len_k <= 64."""
+    cols = tl.arange(0, 64)
+    k = load_rows(k_base, cols, len_k, D)
+    v = load_rows(v_base, cols, len_k, D)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    visible = cols[None, :] < len_k
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= rows[:, None] + (len_k - len_q))
+    s = tl.where(visible, s, float("-inf"))
+    m = tl.max(s, 1)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    p = tl.exp2(s - shift[:, None])
+    return tl.dot(p, v, input_precision="ieee"), m, tl.sum(p, 1)
+
+
+@triton.jit
+def key_loop_no_trans(q, k_base, v_base, rows, len_q, len_k, qk_scale, CAUSAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """The scores tl.dot(q, k): shapes agree when D == BLOCK_N, the values are wrong."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start in range(0, len_k, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        k = load_rows(k_base, cols, len_k, D)
+        v = load_rows(v_base, cols, len_k, D)
+        s = tl.dot(q, k, input_precision="ieee") * qk_scale
+        visible = cols[None, :] < len_k
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + (len_k - len_q))
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - shift[:, None])
+        alpha = tl.exp2(m - shift)
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m = m_new
+    return acc, m, l
 
 
 WRONG_ANSWERS = {
@@ -411,6 +483,7 @@ WRONG_ANSWERS = {
     "q3a": {
         "natural_log": ({"logn_factor": logn_factor_natural_log}, "expected"),
         "off_by_one": ({"logn_factor": logn_factor_inverted}, "expected"),
+        "clipped_at_one": ({"logn_factor": logn_factor_clipped}, "expected"),
     },
     "q3b": {
         "no_sqrt": ({"logn_attention": logn_attention_no_sqrt}, "max abs error"),
@@ -443,8 +516,12 @@ WRONG_ANSWERS = {
     },
     "q6a": {
         "materialises": ({"tiled_attention": tiled_materialises}, "memory budget"),
+        "numpy_full_matrix": ({"tiled_attention": tiled_numpy_full}, "ran out of memory in a process"),
+        "dispatch_off": ({"tiled_attention": tiled_dispatch_off}, "ran out of memory in a process"),
         "fused_kernel": ({"tiled_attention": tiled_fused}, "fused attention"),
-        "no_rescale": ({"tiled_attention": tiled_no_rescale}, "max abs error"),
+        "no_rescale": ({"tiled_attention": tiled_no_rescale}, "neither acc nor l is rescaled"),
+        "acc_not_rescaled": ({"tiled_attention": tiled_acc_not_rescaled}, "acc is not rescaled"),
+        "float64_buffers": ({"tiled_attention": tiled_float64_buffers}, "dtype"),
         "top_left_causal": ({"tiled_attention": tiled_top_left}, "max abs error"),
         "wrong_shape": ({"tiled_attention": tiled_wrong_shape}, "shape"),
         "nan": ({"tiled_attention": tiled_nan}, "NaN"),
@@ -458,6 +535,8 @@ WRONG_ANSWERS = {
         "top_left_causal": ({"flash_key_loop": key_loop_top_left}, "top-left"),
         "ragged_keys": ({"flash_key_loop": key_loop_ragged_keys}, "padding"),
         "nan": ({"flash_key_loop": key_loop_no_guard}, "NaN"),
-        "launch_in_torch": ({"flash_attention_forward": flash_forward_in_torch}, "must launch"),
+        "calls_python": ({"flash_key_loop": key_loop_calls_python}, "neither tl"),
+        "one_tile": ({"flash_key_loop": key_loop_one_tile}, "growing maxima=True"),
+        "no_trans": ({"flash_key_loop": key_loop_no_trans}, "transposed"),
     },
 }

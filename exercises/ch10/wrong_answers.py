@@ -264,15 +264,15 @@ WRONG_ANSWERS = {
         "column_convention": ({"gru_gate": gate_column_convention}, "max abs error"),
     },
     "q2a": {
-        "off_by_one": ({"reordered_block": block_post_ln}, "max abs error"),
+        "off_by_one": ({"reordered_block": block_post_ln}, "Post-LN"),
         "normalises_stream": ({"reordered_block": block_normalises_stream}, "max abs error"),
-        "not_causal": ({"reordered_block": block_not_causal}, "max abs error"),
+        "not_causal": ({"reordered_block": block_not_causal}, "not causal"),
         "ignores_relu": ({"reordered_block": block_ignores_relu}, "max abs error"),
         "relu_after_sum": ({"reordered_block": block_relu_after_sum}, "max abs error"),
         "swaps_norms": ({"reordered_block": block_swaps_norms}, "max abs error"),
     },
     "q2b": {
-        "off_by_one": ({"gated_block": gated_swaps_arguments}, "max abs error"),
+        "off_by_one": ({"gated_block": gated_swaps_arguments}, "arguments are swapped"),
         "no_relu": ({"gated_block": gated_no_relu}, "max abs error"),
         "normalised_stream": ({"gated_block": gated_normalised_stream}, "max abs error"),
         "one_gate": ({"gated_block": gated_one_gate}, "max abs error"),
@@ -304,7 +304,7 @@ WRONG_ANSWERS = {
         "whole_return": ({"reinforce_loss": pg_whole_return}, "max abs error"),
         "no_detach": ({"reinforce_loss": pg_no_detach}, "max abs error"),
         "ascends": ({"reinforce_loss": pg_ascends}, "max abs error"),
-        "no_baseline": ({"reinforce_loss": pg_no_baseline}, "max abs error"),
+        "no_baseline": ({"reinforce_loss": pg_no_baseline}, "without subtracting the baseline"),
     },
     "q4b": {
         "off_by_one": ({"return_conditioned_policy": conditioned_first_step}, "max abs error"),

@@ -77,6 +77,40 @@ def mqar_global_rng(batch, n_pairs, vocab, n_queries, generator):
     return _mqar(batch, n_pairs, vocab, n_queries, generator, rng="global")
 
 
+def mqar_without_random_draws(batch, n_pairs, vocab, n_queries, generator):
+    """A pattern that only reads the generator's seed: the same seed, the same batch; another seed,
+    another; every key, value and pair turns up. No random number is drawn."""
+    n_keys, offset = (vocab - 2) // 2, generator.initial_seed()
+    rows = torch.arange(batch).unsqueeze(1) + offset
+    k = (rows * 7 + torch.arange(n_pairs)) % n_keys + 2                  # distinct within a row
+    n_values = vocab - 2 - n_keys
+    v = (rows * 3 + torch.arange(n_pairs) * 5) % n_values + n_keys + 2
+    asked = (torch.arange(n_queries).flip(0) + rows) % n_pairs             # a different order per row
+    context = torch.stack([k, v], dim=-1).flatten(1)
+    inputs = torch.cat([context, k.gather(1, asked)], dim=1)
+    if n_queries > n_pairs or n_pairs > n_keys:
+        raise ValueError("bad sizes")
+    return inputs, torch.cat([torch.zeros_like(context), v.gather(1, asked)], dim=1)
+
+
+def mqar_restarts_from_the_seed(batch, n_pairs, vocab, n_queries, generator):
+    """Draws from a fresh generator seeded like the given one: a second call repeats the first batch."""
+    return _mqar(batch, n_pairs, vocab, n_queries, torch.Generator().manual_seed(generator.initial_seed()))
+
+
+def mqar_skewed_keys(batch, n_pairs, vocab, n_queries, generator):
+    """Every key turns up, but the first keys of the range far more often than the others."""
+    n_keys = (vocab - 2) // 2
+    if n_queries > n_pairs or n_pairs > n_keys:
+        raise ValueError("bad sizes")
+    weights = torch.linspace(4.0, 1.0, n_keys).double()
+    k = torch.stack([torch.multinomial(weights, n_pairs, generator=generator) for _ in range(batch)]) + 2
+    v = torch.randint(n_keys + 2, vocab, (batch, n_pairs), generator=generator)
+    asked = torch.stack([torch.randperm(n_pairs, generator=generator)[:n_queries] for _ in range(batch)])
+    context = torch.stack([k, v], dim=-1).flatten(1)
+    return torch.cat([context, k.gather(1, asked)], dim=1), torch.cat([torch.zeros_like(context), v.gather(1, asked)], 1)
+
+
 def mqar_no_errors(batch, n_pairs, vocab, n_queries, generator):
     n_keys = (vocab - 2) // 2
     return _mqar(batch, min(n_pairs, n_keys), vocab, min(n_queries, n_pairs, n_keys), generator, check=False)
@@ -393,6 +427,9 @@ WRONG_ANSWERS = {
         "values_anywhere": ({"mqar_batch": mqar_values_anywhere}, "values"),
         "queries_in_order": ({"mqar_batch": mqar_queries_in_order}, "random order"),
         "first_pairs_only": ({"mqar_batch": mqar_first_pairs_only}, "queried"),
+        "without_random_draws": ({"mqar_batch": mqar_without_random_draws}, "generator"),
+        "restarts_from_the_seed": ({"mqar_batch": mqar_restarts_from_the_seed}, "same generator"),
+        "skewed_keys": ({"mqar_batch": mqar_skewed_keys}, "not uniform"),
         "targets_on_context": ({"mqar_batch": mqar_targets_on_context}, "PAD"),
         "global_rng": ({"mqar_batch": mqar_global_rng}, "same seed"),
         "no_errors": ({"mqar_batch": mqar_no_errors}, "ValueError"),

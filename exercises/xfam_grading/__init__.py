@@ -60,10 +60,12 @@ imports; anything else scores every question 0. (2) Each question's ``off_limits
 master notebook, next to the question) lists the library names it asks the student to write,
 and the private helpers that would do its work; an import, attribute access or ``getattr``
 that reaches one, however it is spelled, in a cell of that question (`notebook_cell_parts`)
-scores that question 0; in a cell of no question, every question that lists it. (3) In the
-runner those names are replaced by tripwires: a call from code that is not the library's
-(known by the identity of its code objects) while a question's checks run raises
-`OffLimitsError` and scores that question 0. ``grader.check`` (`otter_notebook`) runs the
+scores that question 0; in a cell of no question, every question that lists it; the build closes
+each list under the library's own calls (``implied_off_limits``). (3) In the runner those names,
+and every library function, class and class method off the allowlist, are replaced by tripwires:
+a call from code that is not the library's (known by the identity of its code objects) while a
+question's checks run raises `OffLimitsError` and scores that question 0. An audit hook refuses
+the student's code reading the library's files and compiling or running copies of its code. ``grader.check`` (`otter_notebook`) runs the
 same scan on the student's notebook, so the student is told before handing in. `scan_code` also reports **review flags** (patching torch or otter,
 starting processes, reading frames or double-underscore attributes, names built at run time,
 writing files, ...) for a person to read; the tripwires still hold the original functions, so
@@ -71,17 +73,21 @@ code that digs them out is caught by these flags, not by the tripwires.
 
 What this does not stop: code that copies a solution (from the public repository or from a
 classmate), or that re-implements the library by reading its source file (the flags point at
-the second); and properties a test measures inside the runner (a memory budget, a kernel spy)
-can be forged by code that patches the measuring functions (flagged too).
+the second); and properties a test measures inside the runner (a kernel spy) can be forged by
+code that patches the measuring functions (flagged too). A memory budget is held by the
+operating system instead (`run_with_memory_budget`: the call in a child process under an
+address-space limit), so numpy or torch with its dispatch hooks off cannot build what does not fit.
 
 Modules: `compare` (outputs against expected values), `checks` (`check_cases`, cases, collection),
 `scanner` (a notebook's cells and the syntax-tree scan), `guard` (off-limits names and tripwires),
-`channel` (the runner's reply frames), `runner` (the untrusted process), `sandbox` (its
+`budget` (memory budgets in a child process), `channel` (the runner's reply frames), `runner` (the untrusted process), `sandbox` (its
 confinement and the judge's handle on it), `judge` (`Judge`, `Report`), `otter_plugin`
 (`OtterJudge`, `otter_notebook`). It is installed with the exercises (``exercises/pyproject.toml``),
 not with ``xfam_lib``.
 """
-from .checks import DEFAULT_TIME_LIMIT, OffLimitsError, SubmissionTimeout, case_label, check_cases, time_limit
+from .budget import memory_budget_available, run_with_memory_budget
+from .checks import (DEFAULT_TIME_LIMIT, OffLimitsError, SubmissionTimeout, case_label, check_cases, jit_body_problems,
+                     time_limit)
 from .compare import compare_outputs, output_problems
 from .judge import Judge, Report
 from .otter_plugin import OtterJudge, otter_notebook
@@ -97,6 +103,9 @@ __all__ = [
     "compare_outputs",
     "case_label",
     "check_cases",
+    "jit_body_problems",
+    "run_with_memory_budget",
+    "memory_budget_available",
     "Limits",
     "scan_code",
     "notebook_code_cells",

@@ -51,16 +51,27 @@ def _read_exactly(stream, n: int) -> bytes:
 _MAX_TOTAL = 256 * 2 ** 20       # bytes of all messages of one submission
 _MAX_TEXT = 4000                 # characters of one message string
 _MAX_ITEMS = 100_000             # values inside one output
+_MAX_ELEMENTS = 2 ** 24          # tensor elements in one task's outputs, in all
 _MAX_DEPTH = 32
 
 
 def _is_data(value: Any, budget: list[int], depth: int = 0) -> bool:
-    """Plain data only: dense CPU tensors, numbers, strings, None, lists, tuples, str-keyed dicts (bounded)."""
+    """Plain data only: dense CPU tensors, numbers, strings, None, lists, tuples, str-keyed dicts (bounded:
+    ``budget`` is ``[values, tensor elements]`` left; every tensor has storage for all its elements)."""
     budget[0] -= 1
     if budget[0] < 0 or depth > _MAX_DEPTH:
         return False
     if type(value) is torch.Tensor:
-        return value.device.type == "cpu" and value.layout == torch.strided
+        if value.device.type != "cpu" or value.layout != torch.strided:
+            return False
+        if any(stride == 0 and n > 1 for n, stride in zip(value.shape, value.stride())):
+            return False                          # a stride-0 view stands for more elements than it holds
+        if value.numel():
+            needed = value.storage_offset() + sum((n - 1) * st for n, st in zip(value.shape, value.stride())) + 1
+            if value.untyped_storage().nbytes() < needed * value.element_size():
+                return False
+        budget[1] -= value.numel()                 # elements: what comparing them costs the judge
+        return budget[1] >= 0
     if value is None or type(value) in (bool, int, float, str):
         return not isinstance(value, str) or len(value) <= _MAX_TEXT * 100
     if type(value) in (list, tuple):
@@ -95,6 +106,8 @@ def message_problem(message: Any, n_cells: int, tasks: list, seen: set[int]) -> 
         ok = (keys == {"kind", "index", "error"} and _index_in(message["index"], n_cells)
               and type(message["error"]) is str and len(message["error"]) <= _MAX_TEXT)
         return None if ok else "a malformed 'cell error'"
+    if kind == "flags":
+        return None if keys == {"kind", "flags"} and _texts(message["flags"], 20) else "a malformed 'flags'"
     if kind != "task":
         return f"a message of unknown kind {kind[:40]!r}"
     if not keys <= {"kind", "id", "results", "violations", "missing", "error"} or \
@@ -113,11 +126,12 @@ def message_problem(message: Any, n_cells: int, tasks: list, seen: set[int]) -> 
     results = message["results"]
     if type(results) is not list or len(results) not in (0, len(task.cases)):
         return f"a result count that is not the case count for task {message['id']}"
+    budget = [_MAX_ITEMS * max(1, len(results)), _MAX_ELEMENTS]
     for result in results:
         if type(result) is not dict or type(result.get("ok")) is not bool:
             return f"a malformed case result for task {message['id']}"
         if result["ok"]:
-            if set(result) != {"ok", "value"} or not _is_data(result["value"], [_MAX_ITEMS]):
+            if set(result) != {"ok", "value"} or not _is_data(result["value"], budget):
                 return f"a case output that is not plain data for task {message['id']}"
         elif set(result) != {"ok", "error"} or type(result["error"]) is not str or len(result["error"]) > _MAX_TEXT:
             return f"a malformed case error for task {message['id']}"

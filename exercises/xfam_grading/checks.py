@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
+import torch._dynamo  # noqa: F401  (imported lazily by torch otherwise: an import cut by a time limit breaks it)
 
 import xfam_lib
 
@@ -107,24 +108,50 @@ def _as_data(value: Any, where: str) -> Any:
                     f"got {type(value).__name__}. Build objects such as modules inside submission() from the data.")
 
 
-def _plain(value: Any, where: str) -> Any:
-    """A copy of the student's output made only of CPU tensors, numbers, strings, None, lists, tuples and dicts."""
+MAX_OUTPUT_ELEMENTS = 2 ** 24    # tensor elements (and values) of one call's output, in all
+
+
+class NotPlainData(ValueError):
+    """The student's output is not made of tensors, numbers and strings, or is too large."""
+
+
+def _plain(value: Any, where: str, budget: list[int] | None = None) -> Any:
+    """A copy of the student's output made only of CPU tensors, numbers, strings, None, lists, tuples and
+    dicts, of at most `MAX_OUTPUT_ELEMENTS` elements in all (``budget``: what is left of them).
+
+    Every tensor is copied into storage of its own size (an expanded view counts all its elements),
+    and a NumPy scalar becomes a Python number only if its ``item()`` is one.
+    """
+    budget = [MAX_OUTPUT_ELEMENTS] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise NotPlainData(f"{where}: the output holds more than {MAX_OUTPUT_ELEMENTS} values")
     if isinstance(value, torch.Tensor):
-        value = value.detach().to("cpu")
+        numel = int(torch.Tensor.numel(value))
+        budget[0] -= numel
+        if budget[0] < 0:
+            raise NotPlainData(f"{where}: the output holds more than {MAX_OUTPUT_ELEMENTS} tensor elements")
+        value = torch.Tensor.detach(value).as_subclass(torch.Tensor).to("cpu")
         if value.layout != torch.strided:
             value = value.to_dense()
-        value = value.clone()
-        return value if type(value) is torch.Tensor else value.as_subclass(torch.Tensor)
-    if value is None or isinstance(value, (bool, int, float, str)):
+        return value.clone(memory_format=torch.contiguous_format)
+    if value is None or type(value) in (bool, int, float, str):
         return value
-    if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "ndim", None) == 0:   # numpy scalar
-        return value.item()
+    if isinstance(value, (bool, int, float, str)):            # a subclass: its plain value
+        return next(t for t in (bool, int, float, str) if isinstance(value, t))(value)
+    import numpy
+
+    if isinstance(value, numpy.generic):
+        item = value.item()
+        if type(item) not in (bool, int, float, complex, str):
+            raise NotPlainData(f"{where}: a NumPy value whose item() is a {type(item).__name__}, not a number")
+        return item
     if isinstance(value, (list, tuple)):
-        items = [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        items = [_plain(v, f"{where}[{i}]", budget) for i, v in enumerate(list(value))]
         return items if isinstance(value, list) else tuple(items)
     if isinstance(value, dict):
-        return {str(k): _plain(v, f"{where}[{k!r}]") for k, v in value.items()}
-    raise ValueError(f"{where}: expected tensors or numbers, got an object of type {type(value).__name__}")
+        return {str(k): _plain(v, f"{where}[{k!r}]", budget) for k, v in list(value.items())}
+    raise NotPlainData(f"{where}: expected tensors or numbers, got an object of type {type(value).__name__}")
 
 
 @contextlib.contextmanager
@@ -161,15 +188,19 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
+_TEST_FILES: set[str] = set()      # the files of the tests that called check_cases: their frames are not the student's
+
+
 def _student_frame_note(exc: BaseException) -> str:
-    """`` (in f, line 3)`` for the innermost traceback frame in the student's code, if any."""
+    """`` (in f, line 3)`` (``EncoderLayer.forward`` for a method) for the innermost traceback frame in the student's code, if any (not the
+    grader's, the library's, torch's or a test's, e.g. a test's dispatch spy that the error passed through)."""
     skip = (str(Path(__file__).resolve().parent), _LIBRARY, str(Path(torch.__file__).resolve().parent), sys.base_prefix,
-            sys.prefix, "<check ")
+            sys.prefix, "<check ", *_TEST_FILES)
     note, tb = "", exc.__traceback__
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
         if not filename.startswith(skip) and "site-packages" not in filename:
-            note = f" (in {tb.tb_frame.f_code.co_name}, line {tb.tb_lineno} of its cell)"
+            note = f" (in {tb.tb_frame.f_code.co_qualname}, line {tb.tb_lineno} of its cell)"
         tb = tb.tb_next
     return note
 
@@ -177,32 +208,41 @@ def _student_frame_note(exc: BaseException) -> str:
 _TIMEOUT = "your code did not finish within the time limit"
 
 
+def _describe(exc: BaseException, prefix: str = "your code raised") -> str:
+    """``your code raised X: first line (in f, line 3 of its cell)``; never raises."""
+    try:
+        text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    except Exception:
+        text = "(its message could not be printed)"
+    return f"{prefix} {type(exc).__name__}{': ' + text if text else ''}{_student_frame_note(exc)}"
+
+
 def _call_student(fn: Callable[[Any], Any], case: Any, limit: float | None) -> tuple[bool, Any]:
-    """(True, output) or (False, a message saying what went wrong)."""
+    """(True, the output as plain data) or (False, a message saying what went wrong).
+
+    Everything that runs the student's code runs inside the time limit: the call, copying its
+    output (`_plain`) and formatting an exception it raised (its ``__str__`` is the student's).
+    """
     try:
         with time_limit(limit):
-            return True, fn(case)
+            try:
+                return True, _plain(fn(case), "output")
+            except NotPlainData as exc:
+                return False, f"{exc}"
+            except (SubmissionTimeout, OffLimitsError, KeyboardInterrupt):
+                raise
+            except BaseException as exc:     # the student's own error (SystemExit included) is a failed check
+                return False, _describe(exc)
     except SubmissionTimeout:
         return False, f"{_TIMEOUT} of {limit:g} s (an endless loop?)"
     except OffLimitsError as exc:
-        return False, str(exc)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:     # the student's own error (SystemExit included) is a failed check
-        text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        return False, f"your code raised {type(exc).__name__}{': ' + text if text else ''}{_student_frame_note(exc)}"
+        return False, f"{exc.args[0] if exc.args and type(exc.args[0]) is str else 'an off-limits call'}"
 
 
 def _student_output(fn: Callable[[Any], Any], case: Any, limit: float | None) -> tuple[bool, Any, bool]:
     """``(ok, output as plain data or a message, timed out)`` of one call of the student's code."""
     ok, got = _call_student(fn, case, limit)
-    timed_out = not ok and got.startswith(_TIMEOUT)
-    if ok:
-        try:
-            got = _plain(got, "output")
-        except ValueError as exc:
-            ok, got = False, str(exc)
-    return ok, got, timed_out
+    return ok, got, not ok and got.startswith(_TIMEOUT)
 
 
 def _judge_case(compare, case: Any, got: Any, expected: Any) -> list[str]:
@@ -290,6 +330,7 @@ def check_cases(label: str, *, params: Iterable[dict], make_case: Callable[[dict
         _COLLECTOR.add(label, params, make_case, submission, reference, compare, limit)
         return
     missing = _missing_arguments(sys._getframe(1))
+    _TEST_FILES.add(sys._getframe(1).f_code.co_filename)
     if missing:
         raise AssertionError(f"[{label}] " + missing_name_message(missing))
     limit = DEFAULT_TIME_LIMIT if limit is None else limit
@@ -459,3 +500,68 @@ def load_test_file(path: Path) -> tuple[str, list[TestSpec], str]:
 def _natural(name: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
+
+
+# ============================================================================= Triton kernels a student writes
+_KERNEL_BUILTINS = ("range", "float", "int", "min", "max", "NotImplementedError")   # the last: an untouched stub
+_TENSOR_ATTRIBUTES = ("to", "dtype", "shape", "T")
+
+
+def jit_body_problems(fn: Any, what: str = "the function") -> list[str]:
+    """Why ``fn`` is not a Triton kernel function made only of Triton: ``[]`` when it is.
+
+    ``fn`` must be a ``@triton.jit`` function (a ``JITFunction``, or an ``InterpretedFunction`` under
+    ``TRITON_INTERPRET=1``) whose code reads only ``tl`` (``triton.language``) and its public
+    functions and types, ``range``, ``float``, ``int``, ``min``, ``max``, number constants and other
+    ``@triton.jit`` functions that pass this check themselves; of its local values it may read only
+    ``.to``, ``.dtype``, ``.shape`` and ``.T``. It may not import, use variables of an enclosing
+    function or call any other Python (which Triton's CPU interpreter would run, but a GPU cannot
+    compile).
+    """
+    import dis
+    import types
+
+    import triton
+    import triton.language as tl
+
+    kinds = tuple(k for k in (getattr(triton.runtime.jit, "JITFunction", None),
+                              getattr(getattr(triton.runtime, "interpreter", None), "InterpretedFunction", None))
+                  if isinstance(k, type))
+    tl_names = {n for n in dir(tl) if not n.startswith("_") and not isinstance(getattr(tl, n), types.ModuleType)}
+    problems: list[str] = []
+    todo, seen = [(fn, what)], set()
+    while todo:
+        jit, label = todo.pop()
+        func = getattr(jit, "fn", None)
+        if not (isinstance(jit, kinds) and isinstance(func, types.FunctionType)):
+            problems.append(f"{label} is not a @triton.jit function")
+            continue
+        if id(func) in seen:
+            continue
+        seen.add(id(func))
+        name, scope = func.__name__, func.__globals__
+        if scope.get("tl", tl) is not tl:
+            problems.append(f"{name}: its `tl` is not triton.language")
+        codes = [func.__code__]
+        while codes:
+            code = codes.pop()
+            if code.co_freevars:
+                problems.append(f"{name} uses variables of an enclosing function ({', '.join(code.co_freevars)})")
+            for ins in dis.get_instructions(code):
+                if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                    glob, value = ins.argval, scope.get(ins.argval, getattr(builtins, ins.argval, None))
+                    if glob == "tl" or (glob in _KERNEL_BUILTINS and value is getattr(builtins, glob)):
+                        continue
+                    if isinstance(value, kinds):
+                        todo.append((value, f"{glob} (called by {name})"))
+                    elif type(value) not in (int, float, bool):
+                        problems.append(f"{name} uses {glob}, which is neither tl, range nor a @triton.jit "
+                                        f"function: write the loop with Triton's operations only")
+                elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "DELETE_ATTR", "STORE_GLOBAL"):
+                    if ins.opname == "STORE_GLOBAL" or (ins.argval not in tl_names
+                                                        and ins.argval not in _TENSOR_ATTRIBUTES):
+                        problems.append(f"{name} uses .{ins.argval}, which is not a Triton operation")
+                elif ins.opname.startswith("IMPORT"):
+                    problems.append(f"{name} imports {ins.argval}")
+            codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return list(dict.fromkeys(problems))

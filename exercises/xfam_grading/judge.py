@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import tempfile
 import textwrap
 import threading
@@ -16,7 +17,7 @@ from typing import Iterable
 from .channel import message_problem
 from .checks import (Task, TestSpec, _Collector, _collecting, _format_failures, _judge_case, _natural, _one_thread,
                      _Placeholder, load_test_file, missing_name_message)
-from .guard import _Guard, expand_off_limits, off_limits_resolver
+from .guard import _Guard, allowed_homes, config_off_limits, expand_off_limits, off_limits_resolver
 from .runner import _reset_torch_state, run_tasks
 from .sandbox import Limits, _Runner, isolation_available
 from .scanner import NOT_ALLOWED, _cell_title, _to_python, allowlist, notebook_cell_parts, scan_cells
@@ -36,11 +37,19 @@ def scan_notebook(cells: list[str], parts: list[str | None] | None, config: dict
     the notebook was given) has no tripwire and may answer any part, so it costs every part.
     ``config``: the judge's (``off_limits``, ``library``, ``setup_cell``).
     """
-    entries = expand_off_limits(config.get("off_limits", {})) if entries is None else entries
+    entries = expand_off_limits(config_off_limits(config)) if entries is None else entries
     setup = config.get("setup_cell")
     parts = list(parts) if parts is not None else [None] * len(cells)
-    reached, flags = scan_cells(cells, off_limits_resolver(entries), skip=[_to_python(setup)] if setup else [],
-                                allowed=allowlist(config.get("library", ())))
+    allowed, resolve = allowlist(config.get("library", ())), off_limits_resolver(entries)
+    named = {id(obj) for obj, _ in expand_off_limits(config.get("off_limits", {})).values()}
+    implied = {d for d, (obj, _) in entries.items() if id(obj) not in named}    # only implied, by no part named
+
+    def resolve_static(dotted: str) -> list[str]:
+        """A name only implied off limits and off the allowlist answers to the allowlist's rule (every part)."""
+        hits = resolve(dotted)
+        return [] if hits and all(h in implied for h in hits) and allowed(dotted) else hits
+
+    reached, flags = scan_cells(cells, resolve_static, skip=[_to_python(setup)] if setup else [], allowed=allowed)
     violations: dict[str, list[str]] = {}
     for entry, where, cell in reached:
         part = parts[cell] if cell < len(parts) else None
@@ -56,6 +65,8 @@ def scan_notebook(cells: list[str], parts: list[str | None] | None, config: dict
             violations.setdefault(question, [])
             if text not in violations[question]:
                 violations[question].append(text)
+    for found in violations.values():          # the off-limits names a part used first, then the allowlist's
+        found.sort(key=lambda text: text.startswith("uses a name off the allowlist"))
     return violations, flags
 
 
@@ -66,7 +77,11 @@ class TestResult:
     hidden: bool
     points: float
     passed: bool
-    message: str = ""
+    message: str = ""                 # every failing case, with its parameters and values (instructors)
+    brief: str = ""                   # what failed, without a hidden case or value (safe for students)
+
+
+_RAISED_IN = re.compile(r"raised (\w+)[^\n]*? \(in ([\w.<>]+), line \d+ of its cell\)")
 
 
 @dataclass
@@ -74,6 +89,7 @@ class QuestionResult:
     name: str
     tests: list[TestResult]
     violations: list[str] = field(default_factory=list)
+    own: list[str] = field(default_factory=list)        # the names this part's answer defines
 
     @property
     def possible(self) -> float:
@@ -85,8 +101,15 @@ class QuestionResult:
 
     @property
     def attempted(self) -> bool:
-        """False when every check fails only because the answer still raises the stub's NotImplementedError."""
-        return not all(not t.passed and "raised NotImplementedError" in t.message for t in self.tests)
+        """False when every check fails only because this part's own answer still raises the stub's
+        NotImplementedError (not a stub of another part that it calls)."""
+        def own_stub(message: str) -> bool:
+            raised = _RAISED_IN.findall(message)
+            if raised:
+                return all(kind == "NotImplementedError" and where.split(".")[0] in self.own for kind, where in raised)
+            return "raised NotImplementedError" in message
+
+        return not all(not t.passed and own_stub(t.message) for t in self.tests)
 
     def off_limits_message(self) -> str:
         """One sentence naming the off-limits names this part used and the rule ('' when none)."""
@@ -96,8 +119,9 @@ class QuestionResult:
                 f"without these library names): " + "; ".join(self.violations))
 
     def message(self) -> str:
-        """Why points were lost: the off-limits names used, beside each failing hidden test."""
-        failing = " | ".join(t.message for t in self.tests if t.hidden and not t.passed)
+        """Why points were lost, safe to return to the student: the off-limits names used, beside what each
+        failing hidden test found (its checks and how many of their cases fail; no case, no value)."""
+        failing = " | ".join(t.brief or t.message for t in self.tests if t.hidden and not t.passed)
         if self.violations:
             return self.off_limits_message() + (f". Its checks: {failing}" if failing else ". Its checks pass.")
         return failing
@@ -165,7 +189,7 @@ class Judge:
                                "submissions would run as you, with your files and network. Grade in a container, "
                                "or pass isolation='basic' (grade.py --isolation basic) to accept that.")
         self.hide = [str(Path(p).resolve()) for p in hide] + [str(Path(tests_dir).resolve())]
-        self.off_limits: dict[str, list[str]] = {q: list(v) for q, v in self.config.get("off_limits", {}).items()}
+        self.off_limits: dict[str, list[str]] = config_off_limits(self.config)
         self.entries = expand_off_limits(self.off_limits)
         self.questions: dict[str, list[TestSpec]] = {}
         sources: dict[str, str] = {}
@@ -243,7 +267,8 @@ class Judge:
             parts.append(part)
         static, flags = self.scan(cells, parts)
         request = {"cells": cells, "tasks": [t.spec(self.limits.call_seconds) for t in self.tasks],
-                   "off_limits": self.off_limits, "cell_seconds": self.limits.cell_seconds}
+                   "off_limits": self.off_limits, "library": list(self.config.get("library", [])),
+                   "cell_seconds": self.limits.cell_seconds}
         slot = self._take_slot()
         results, errors, cell_errors, tail = {}, [], {}, ""
         try:
@@ -262,6 +287,8 @@ class Judge:
                         cell_errors[message["index"]] = message["error"][:300]
                     elif kind == "tasks":
                         stage = "checks"
+                    elif kind == "flags":
+                        flags += [f for f in message["flags"] if f not in flags and len(flags) < 60]
                     elif kind == "task":
                         results[message["id"]] = message
                         current = message["id"] + 1
@@ -281,7 +308,8 @@ class Judge:
                               "os._exit, a crash, or a resource limit" + (f" [{last}]" if last else ""))
         finally:
             self._free_slot(slot)
-        report = self._score(results, static, errors, cell_errors, cells)
+        report = self._score(results, static, errors, cell_errors, cells,
+                             deadline=time.monotonic() + self.limits.score_seconds)
         report.flags, report.isolation, report.output_tail = flags, self.isolation, tail
         return report
 
@@ -292,7 +320,7 @@ class Judge:
         of the exercises use it to check every part against its solution and its wrong answers.
         """
         wanted = set(self.questions if questions is None else questions)
-        guard = _Guard(self.off_limits).install()
+        guard = _Guard(self.off_limits, allowed_homes(self.config.get("library", [])), list(self.questions)).install()
         try:
             results = {}
             specs = [dict(t.spec(self.limits.call_seconds), cases=copy.deepcopy(t.cases))
@@ -323,7 +351,9 @@ class Judge:
             self._slots.discard(slot)
 
     def _score(self, results: dict, static: dict[str, list[str]], errors: list[str],
-               cell_errors: dict[int, str] | None = None, cells: list[str] | None = None) -> Report:
+               cell_errors: dict[int, str] | None = None, cells: list[str] | None = None,
+               deadline: float = float("inf")) -> Report:
+        """The verdict from the runner's results; comparing stops at ``deadline`` (the cases left fail)."""
         cell_errors, cells = cell_errors or {}, cells or []
         why = "; ".join(f"{_cell_title(cells[i])} {e}" for i, e in sorted(cell_errors.items()) if i < len(cells))
         questions = {}
@@ -331,34 +361,60 @@ class Judge:
             violations = list(static.get(name, []))
             outcomes = []
             for test in tests:
-                messages = []
+                messages, briefs = [], []
                 for task in (t for t in self.tasks if t.test == test.name):
                     result = results.get(task.id)
                     if result is None:
                         messages.append(f"[{task.label}] not run: " + (errors[0][:200] if errors else "no result"))
+                        briefs.append(messages[-1])
                         continue
                     violations += [v for v in result.get("violations", []) if v not in violations]
-                    messages += self._judge_task(task, result, why)
-                outcomes.append(TestResult(test.name, test.hidden, test.points, not messages, "\n".join(messages)))
-            questions[name] = QuestionResult(name, outcomes, violations)
+                    for message, brief in self._judge_task(task, result, why, deadline):
+                        messages.append(message)
+                        briefs.append(self._raised_elsewhere(brief, message, name))
+                outcomes.append(TestResult(test.name, test.hidden, test.points, not messages, "\n".join(messages),
+                                           "; ".join(briefs)))
+            questions[name] = QuestionResult(name, outcomes, violations, self._own_names(name))
         return Report(questions, errors=list(errors))
 
-    @staticmethod
-    def _judge_task(task: Task, result: dict, why: str) -> list[str]:
+    def _own_names(self, question: str) -> list[str]:
+        return sorted({n for t in self.tasks if t.question == question for n in t.names})
+
+    def _raised_elsewhere(self, brief: str, message: str, question: str) -> str:
+        """``brief``, plus where an error came from when it was raised in another part's answer."""
+        owner = {n: t.question for t in self.tasks for n in t.names if t.question != question}
+        own = set(self._own_names(question))
+        named = {(where, where.split(".")[0]) for _, where in _RAISED_IN.findall(message)}   # a method: its class
+        places = sorted({(where, owner[name]) for where, name in named if name not in own and name in owner})
+        notes = [f"raised in {where} ({part})" for where, part in places]
+        return brief + (f" ({'; '.join(notes)}: fix that part first)" if notes else "")
+
+    def _judge_task(self, task: Task, result: dict, why: str,
+                    deadline: float = float("inf")) -> list[tuple[str, str]]:
+        """``(message, brief)`` for a failing check (none when it passes): every failing case with its
+        parameters and values, and the same without a case or value of a hidden test."""
+        def same(text: str) -> list[tuple[str, str]]:
+            return [(text, text)]
+
         if result.get("missing"):
             note = f"Your notebook's cells reported: {why}." if why else ""
-            return [f"[{task.label}] " + missing_name_message([str(n) for n in result["missing"]], note)]
+            return same(f"[{task.label}] " + missing_name_message([str(n) for n in result["missing"]], note))
         if result.get("error"):
-            return [f"[{task.label}] {result['error']}"]
+            return same(f"[{task.label}] {result['error']}")
         outcomes = result.get("results")
         if not isinstance(outcomes, list) or len(outcomes) != len(task.cases):
-            return [f"[{task.label}] the check returned {len(outcomes) if isinstance(outcomes, list) else 'no'} "
-                    f"results for {len(task.cases)} cases"]
-        failures = []
+            return same(f"[{task.label}] the check returned {len(outcomes) if isinstance(outcomes, list) else 'no'} "
+                        f"results for {len(task.cases)} cases")
+        failures, theirs = [], set()         # theirs: what the runner said of the student's code (no hidden value)
         for param, case, expected, outcome in zip(task.params, task.cases, task.expected, outcomes):
             if not isinstance(outcome, dict) or not outcome.get("ok"):
                 error = outcome.get("error") if isinstance(outcome, dict) else None
                 failures.append((param, [str(error or "no output")[:400]]))
+                theirs.add(failures[-1][1][0])
+                continue
+            if time.monotonic() > deadline:
+                failures.append((param, [f"not compared: comparing this submission's outputs took more than "
+                                         f"{self.limits.score_seconds:g} s"]))
                 continue
             try:
                 problems = _judge_case(task.compare, case, outcome.get("value"), expected)
@@ -366,6 +422,11 @@ class Judge:
                 problems = [f"the output could not be compared: {type(exc).__name__}: {str(exc)[:200]}"]
             if problems:
                 failures.append((param, problems))
-        return [_format_failures(task.label, len(task.cases), failures, task.params)] if failures else []
+        if not failures:
+            return []
+        message = _format_failures(task.label, len(task.cases), failures, task.params)
+        own = sorted(theirs | {p for _, problems in failures for p in problems if p.startswith("hint: ")})
+        brief = f"[{task.label}] {len(failures)} of {len(task.cases)} cases fail" + (f": {'; '.join(own)}" if own else "")
+        return [(message, brief[:1000])]
 
 

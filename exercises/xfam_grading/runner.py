@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 import torch
 
-from .channel import _Replies, _read_exactly, _unpack
-from .checks import _TIMEOUT, SubmissionTimeout, _student_output, time_limit
-from .guard import _Guard
+from .channel import _MAX_TEXT, _Replies, _read_exactly, _unpack
+from .checks import _TIMEOUT, SubmissionTimeout, _describe, _student_output, time_limit
+from .guard import _Guard, allowed_homes, audit_with
 from .sandbox import _sandbox
 
 # ============================================================================= running checks on the student's code
@@ -95,31 +95,48 @@ def run_tasks(specs: list[dict], env: dict, guard: _Guard | None, report: Callab
 def _run_cells(cells: list[str], namespace: dict, replies: _Replies, limit: float) -> None:
     for index, source in enumerate(cells):
         replies.send({"kind": "cell", "index": index})
+        error = None
         try:
             code = compile(source, f"<cell {index + 1}>", "exec")
             with time_limit(limit):
-                exec(code, namespace)
+                try:
+                    exec(code, namespace)
+                except (SubmissionTimeout, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:   # SystemExit too: the notebook goes on, as in a kernel
+                    error = _describe(exc, "raised")     # formatted inside the limit
         except SubmissionTimeout:
-            replies.send({"kind": "cell error", "index": index,
-                          "error": f"did not finish within {limit:g} s and was stopped"})
+            error = f"did not finish within {limit:g} s and was stopped"
         except KeyboardInterrupt:
             raise
-        except BaseException as exc:       # SystemExit too: the notebook goes on, as in a kernel
-            text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-            replies.send({"kind": "cell error", "index": index,
-                          "error": f"raised {type(exc).__name__}{': ' + text if text else ''}"})
+        except BaseException as exc:            # a syntax error
+            error = f"raised {type(exc).__name__}"
+        if error:
+            replies.send({"kind": "cell error", "index": index, "error": error[:_MAX_TEXT]})
 
 
 def _runner_work(request: dict, replies: _Replies) -> None:
     """Execute the notebook's cells, then every check's adapter, reporting as it goes (the untrusted part)."""
     torch.set_num_threads(1)
-    guard = _Guard(request["off_limits"]).install()
+    parts = list(dict.fromkeys(t["question"] for t in request["tasks"]))
+    guard = _Guard(request["off_limits"], allowed_homes(request["library"]), parts).install()
+    audit_with(guard)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     namespace["get_ipython"] = lambda shell=_NoShell(): shell
     namespace["display"] = lambda *args, **kwargs: None
+    sent: list[str] = []
+
+    def send_flags() -> None:
+        new = [f for f in guard.flags if f not in sent][:20 - len(sent)]
+        if new:
+            sent.extend(new)
+            replies.send({"kind": "flags", "flags": [str(f)[:500] for f in new]})
+
     _run_cells(request["cells"], namespace, replies, request["cell_seconds"])
+    send_flags()
     replies.send({"kind": "tasks"})
-    run_tasks(request["tasks"], namespace, guard, lambda result: replies.send(dict(result, kind="task")))
+    run_tasks(request["tasks"], namespace, guard, lambda result: (send_flags(), replies.send(dict(result, kind="task"))))
+    send_flags()
     replies.send({"kind": "done"})
 
 

@@ -221,7 +221,8 @@ class Limits:
     RLIMIT_FSIZE; with namespaces the private /tmp holds 4 x ``file_bytes``); ``processes`` is
     RLIMIT_NPROC (threads count too); ``wall_seconds`` bounds the whole submission, after which
     everything it started is killed; ``cell_seconds`` and ``call_seconds`` stop one notebook cell
-    and one call of the student's code in a check.
+    and one call of the student's code in a check; ``score_seconds`` bounds the judge's comparison of
+    one submission's outputs (whose size the judge bounds as it reads them, `channel.message_problem`).
     """
 
     memory_bytes: int = 2 * 2 ** 30
@@ -232,6 +233,7 @@ class Limits:
     wall_seconds: float = 300.0
     cell_seconds: float = 60.0
     call_seconds: float = DEFAULT_TIME_LIMIT
+    score_seconds: float = 60.0
 
 
 def _can_unshare(flags: int) -> bool:

@@ -101,6 +101,8 @@ _FLAGGED_IMPORTS = {
     "socket": "opens network connections", "urllib": "opens network connections", "requests": "opens network connections",
     "http": "opens network connections", "threading": "starts threads", "shutil": "copies, moves or deletes files",
     "pickle": "unpickles objects", "marshal": "loads code objects", "types": "builds functions or code objects",
+    "pkgutil": "resolves or reads modules by name", "runpy": "runs modules by name",
+    "code": "runs code from a string (an interpreter)", "codeop": "compiles code from a string",
     "otter": "uses otter's internals", "xfam_grading": "uses the grader's internals", "builtins": "edits builtins",
 }
 _FLAGGED_CALLS = {
@@ -199,6 +201,10 @@ def library_imports(cells: list[str]) -> list[str]:
     return sorted(set(found))
 
 
+# Library functions that write a file (by their dotted name, however imported)
+_SAVE_FUNCTIONS = {"torch.save", "torch.jit.save", "torch.onnx.export", "numpy.save", "numpy.savez",
+                   "numpy.savez_compressed", "numpy.savetxt", "numpy.ndarray.tofile", "pickle.dump", "json.dump",
+                   "matplotlib.pyplot.savefig"}
 _WRITE_METHODS = {"write_text", "write_bytes", "unlink", "rmdir", "touch", "chmod", "symlink_to", "hardlink_to",
                   "rename"}
 
@@ -394,6 +400,9 @@ class _Scanner(ast.NodeVisitor):
             mode_text = self.text(mode) if mode is not None else "r"
             if mode_text is None or set(mode_text) & set("wax+"):
                 self.flag(node, "opens a file for writing")
+        called = self.dotted(node.func)
+        if called in _SAVE_FUNCTIONS:
+            self.flag(node, f"writes a file ({called})")
         if isinstance(node.func, ast.Attribute):
             if node.func.attr in _WRITE_METHODS and not isinstance(node.func.value, ast.Constant):
                 self.flag(node, f"calls .{node.func.attr}() (changes files)")

@@ -42,5 +42,32 @@ def test_q2b_public(gated_block):
         block.load_state_dict(c['block'])
         with torch.no_grad():
             return block(c['x'])
-    check_cases('small layers', params=[{'B': 2, 'L': 5, 'd': 8, 'heads': 2, 'd_ff': 16, 'b_g': 2.0}, {'B': 1, 'L': 6, 'd': 6, 'heads': 3, 'd_ff': 12, 'b_g': 0.0}], make_case=make_case, submission=submission, reference=reference)
+
+    def compare(c, got, expected):
+        from xfam_grading import output_problems
+        problems = output_problems(got, expected)
+        if problems:
+            raise AssertionError('; '.join(problems + mistakes(c, got)))
+
+    def mistakes(c, got):
+        """The known mistakes whose output the answer reproduces."""
+        from torch import nn
+        from xfam_lib.attention import MultiHeadAttention
+        from xfam_lib.rl import GRUGate
+        from xfam_lib.transformer import FeedForward
+        if not isinstance(got, torch.Tensor) or got.shape != c['x'].shape:
+            return []
+        d = c['d']
+        m = {'attn': MultiHeadAttention(d, c['heads']), 'ff': FeedForward(d, c['d_ff']), 'norm1': nn.LayerNorm(d), 'norm2': nn.LayerNorm(d), 'gate1': GRUGate(d), 'gate2': GRUGate(d)}
+        for name, module in m.items():
+            module.double().eval().load_state_dict(c[name])
+
+        def swapped():
+            with torch.no_grad():
+                y = torch.relu(m['attn'](m['norm1'](c['x']), causal=True))
+                x = m['gate1'](y, c['x'])
+                return m['gate2'](torch.relu(m['ff'](m['norm2'](x))), x)
+        named = [("the gates' arguments are swapped: gate(x, y) takes the stream x first, then the sub-layer's output y", swapped)]
+        return [why for why, mistake in named if torch.allclose(got, mistake(), atol=1e-08)]
+    check_cases('small layers', params=[{'B': 2, 'L': 5, 'd': 8, 'heads': 2, 'd_ff': 16, 'b_g': 2.0}, {'B': 1, 'L': 6, 'd': 6, 'heads': 3, 'd_ff': 12, 'b_g': 0.0}], make_case=make_case, submission=submission, reference=reference, compare=compare)
 

@@ -18,6 +18,11 @@ def test_q1a_public(mqar_batch):
         inputs, targets = mqar_batch(b, n, vocab, m, torch.Generator().manual_seed(seed))
         again = mqar_batch(b, n, vocab, m, torch.Generator().manual_seed(seed))
         other = mqar_batch(b, n, vocab, m, torch.Generator().manual_seed(seed + 1))
+        stream = torch.Generator().manual_seed(seed)
+        start = stream.get_state()
+        first = mqar_batch(b, n, vocab, m, stream)
+        advanced = not torch.equal(stream.get_state(), start)
+        second = mqar_batch(b, n, vocab, m, stream)
         raised = []
         for args in ((1, n, vocab, n + 1), (1, (vocab - 2) // 2 + 1, vocab, 1)):
             try:
@@ -25,7 +30,7 @@ def test_q1a_public(mqar_batch):
                 raised.append('nothing')
             except ValueError:
                 raised.append('ValueError')
-        return {'inputs': inputs, 'targets': targets, 'same seed': list(again), 'other seed': list(other), 'raises': raised}
+        return {'inputs': inputs, 'targets': targets, 'same seed': list(again), 'other seed': list(other), 'next draw': list(second), 'first draw': list(first), 'advanced': advanced, 'raises': raised}
 
     def reference(c):
         return None
@@ -67,6 +72,27 @@ def test_q1a_public(mqar_batch):
             problems.append('the same seed gave another batch: draw every random number from `generator`')
         if b >= 16 and len(other) == 2 and isinstance(other[0], torch.Tensor) and torch.equal(other[0], x):
             problems.append('another seed gave the same batch')
+        if not got['advanced']:
+            problems.append('the call drew nothing from `generator` (its state did not change): draw every random number from it')
+        nxt, first = (got['next draw'], got['first draw'])
+        if b >= 16 and len(nxt) == 2 and (len(first) == 2) and all((isinstance(t, torch.Tensor) for t in nxt + first)) and torch.equal(nxt[0], first[0]):
+            problems.append('two calls with the same generator gave the same batch: the second must continue drawing from it, not start again from its seed')
+
+        def chi_square(counts, what):
+            """Pearson's statistic against equal counts; over df + 6 sqrt(2 df): not uniform."""
+            counts = counts.double()
+            expected = counts.sum() / counts.numel()
+            stat, df = (float(((counts - expected) ** 2 / expected).sum()), counts.numel() - 1)
+            if df > 0 and stat > df + 6 * (2 * df) ** 0.5:
+                problems.append(f'the {what} are not uniform over {b} rows (chi-square {stat:.1f} with {df} degrees of freedom; counts {counts.long().tolist()})')
+        if b >= 256 and (not problems):
+            chi_square(torch.bincount(keys.flatten() - 2, minlength=n_keys)[:n_keys], 'keys')
+            n_values = vocab - 2 - n_keys
+            chi_square(torch.bincount(values.flatten() - 2 - n_keys, minlength=n_values)[:n_values], 'values')
+            slots = torch.tensor([keys[r].tolist().index(q) for r in range(b) for q in queries[r].tolist()])
+            chi_square(torch.bincount(slots, minlength=n)[:n], 'queried pairs (by their place in the context)')
+            firsts = torch.tensor([keys[r].tolist().index(int(queries[r, 0])) for r in range(b)])
+            chi_square(torch.bincount(firsts, minlength=n)[:n], 'first queries (by their place in the context)')
         if b >= 16 and n < n_keys and (len({tuple(sorted(k)) for k in keys.tolist()}) == 1):
             problems.append(f"every row has the same keys {sorted(keys[0].tolist())}: draw each row's keys at random")
         if b >= 16 and m >= 2:
@@ -87,5 +113,5 @@ def test_q1a_public(mqar_batch):
             problems.append(f"n_queries > n_pairs, then n_pairs > n_keys: expected ValueError both times, got {got['raises']}")
         if problems:
             raise AssertionError('; '.join(problems))
-    check_cases('seeded batches', params=[{'batch': 2, 'n_pairs': 3, 'vocab': 12, 'n_queries': 3, 'seed': 0}, {'batch': 16, 'n_pairs': 4, 'vocab': 20, 'n_queries': 2, 'seed': 1}, {'batch': 64, 'n_pairs': 3, 'vocab': 14, 'n_queries': 2, 'seed': 2}], make_case=make_case, submission=submission, reference=reference, compare=compare)
+    check_cases('seeded batches', params=[{'batch': 2, 'n_pairs': 3, 'vocab': 12, 'n_queries': 3, 'seed': 0}, {'batch': 16, 'n_pairs': 4, 'vocab': 20, 'n_queries': 2, 'seed': 1}, {'batch': 64, 'n_pairs': 3, 'vocab': 14, 'n_queries': 2, 'seed': 2}, {'batch': 512, 'n_pairs': 4, 'vocab': 16, 'n_queries': 3, 'seed': 7}], make_case=make_case, submission=submission, reference=reference, compare=compare)
 
