@@ -63,3 +63,14 @@ def test_bibliography_parses_and_holds_every_cited_key():
     cited = {key.strip() for text in pages for group in re.findall(r"\{cite[a-z:]*\}`([^`]+)`", text)
              for key in group.split(",")}
     assert cited and not cited - set(entries), sorted(cited - set(entries))
+
+
+def test_bibliography_has_no_maths():
+    """The bibliography page prints each field as text: ``$...$`` in a title is left on the page raw
+    (the browser check found ``H$_2$O``), so names are written as plain text."""
+    from pybtex.database import parse_file
+
+    entries = parse_file(str(ROOT / "book" / "references.bib")).entries
+    with_maths = [f"{key}: {field}" for key, entry in entries.items() for field, value in entry.fields.items()
+                  if "$" in value]
+    assert not with_maths, with_maths
