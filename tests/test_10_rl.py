@@ -195,16 +195,22 @@ def test_layer_gradient_norms_equal_a_manual_backward_M10_2(gen):
         assert_close(params, torch.stack(want))
 
 
+def _identity_blocks(n):
+    """``n`` Pre-LN blocks (d = 8, fp64) whose sub-layers output zero: the stack is the identity map."""
+    blocks = [GTrXLBlock(8, 2, gate="residual", relu=False).double() for _ in range(n)]
+    for blk in blocks:
+        for lin in (blk.attn.out_proj, blk.ff.linear2):
+            torch.nn.init.zeros_(lin.weight)
+            torch.nn.init.zeros_(lin.bias)
+    return blocks
+
+
 def test_layer_gradient_norms_identity_limits_M10_2_M10_7(gen):
     """Where a stack is exactly the identity map, every layer receives the top gradient unchanged:
     Pre-LN blocks whose sub-layers output zero, and GRU gates closed by a huge b_g."""
     x, w = _randn(2, 4, 8, gen=gen), _randn(2, 4, 8, gen=gen)
     torch.manual_seed(5)
-    pre = [GTrXLBlock(8, 2, gate="residual", relu=False).double() for _ in range(4)]
-    for blk in pre:
-        for lin in (blk.attn.out_proj, blk.ff.linear2):
-            torch.nn.init.zeros_(lin.weight)
-            torch.nn.init.zeros_(lin.bias)
+    pre = _identity_blocks(4)
     closed = [GTrXLBlock(8, 2, gate="gru", bias_init=60.0).double() for _ in range(4)]
     for blocks in (pre, closed):
         states, _ = layer_gradient_norms(blocks, x, w)
@@ -237,11 +243,7 @@ def test_position_influence_equals_one_nudged_pass_per_position_M10_2(gen):
             want.append((last(h) - last(x)).norm())
     assert_close(position_influence(blocks, x, nudge), torch.stack(want))
     torch.manual_seed(6)
-    copy = [GTrXLBlock(8, 2, gate="residual", relu=False).double() for _ in range(2)]
-    for blk in copy:
-        for lin in (blk.attn.out_proj, blk.ff.linear2):
-            torch.nn.init.zeros_(lin.weight)
-            torch.nn.init.zeros_(lin.bias)
+    copy = _identity_blocks(2)
     influence = position_influence(copy, x, nudge)
     assert torch.equal(influence[:-1], torch.zeros(5, dtype=F64))
     assert markovian_share(influence) == 1.0

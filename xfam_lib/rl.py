@@ -23,10 +23,11 @@ from .transformer import FeedForward
 from .utils import check_bool, check_instance, check_positive_int, check_real, check_tensor, check_token_ids
 
 __all__ = [
-    "GRUGate", "GTrXLBlock", "gate_deviation", "layer_gradient_norms", "position_influence", "markovian_share", "cue_recall_batch", "CueRecallNet",
-    "train_cue_recall",
+    "GRUGate", "GTrXLBlock", "gate_deviation", "layer_gradient_norms", "position_influence", "markovian_share",
+    "cue_recall_batch", "CueRecallNet", "train_cue_recall",
     "returns_to_go", "interleave_trajectory", "dt_action_token_index", "DecisionTransformer",
-    "ChainMDP", "GambleChain", "OfflineDataset", "collect_offline_dataset", "best_episodes", "train_decision_transformer", "rollout",
+    "ChainMDP", "GambleChain", "OfflineDataset", "collect_offline_dataset", "best_episodes",
+    "train_decision_transformer", "rollout",
     "TMaze", "LSTMPolicy", "TransformerPolicy", "count_parameters", "Episodes", "play_episodes",
     "reinforce_loss", "train_reinforce", "match_parameters",
 ]
@@ -495,7 +496,8 @@ def best_episodes(data: OfflineDataset, fraction: float) -> OfflineDataset:
     check_instance("data", data, OfflineDataset)
     fraction = check_real("fraction", fraction, low=0.0, low_open=True, high=1.0)
     n = len(data.returns)
-    keep = torch.sort(torch.argsort(data.returns, descending=True, stable=True)[:max(1, math.ceil(fraction * n))]).values
+    best_first = torch.argsort(data.returns, descending=True, stable=True)
+    keep = torch.sort(best_first[:max(1, math.ceil(fraction * n))]).values
     return OfflineDataset(*(getattr(data, f.name)[keep] for f in fields(OfflineDataset)))
 
 
