@@ -1,11 +1,13 @@
-"""The Triton kernels compiled ahead of time for a T4 and an H100, with no GPU and no
-driver (`xfam_lib.kernels._aot`): what a GPU would refuse at launch is known at compile time.
+"""The Triton kernels compiled ahead of time for a T4, an A100 and an H100, with no GPU
+and no driver (`xfam_lib.kernels._aot`): what a GPU would refuse at launch is known at
+compile time.
 
 This runs the cheap subset (`_aot.in_subset`: every kernel's worst case on a T4, the chunked
-kernels' heaviest tensor-core products on an H100), cold, in a subprocess: this process
-runs the kernels in Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1``), where
-nothing can be compiled. ``make kernel-compile`` runs the full matrix (every GPU, dtype, head
-size and autotuning config) and the same checks (`_aot.problems`).
+kernels' heaviest tensor-core products on an H100 and two on an A100), cold, in a
+subprocess: this process runs the kernels in Triton's interpreter (tests/conftest.py sets
+``TRITON_INTERPRET=1``), where nothing can be compiled. ``make kernel-compile`` runs the full
+matrix (every GPU, dtype, head size and autotuning config) and the same checks
+(`_aot.problems`).
 """
 import json
 import os
@@ -37,8 +39,8 @@ def test_kernels_compile_for_four_gpus(tmp_path):
     compiles; shared memory within the GPU's limit for every config the wrappers may launch
     (and one at least for every kernel, GPU, dtype and size), registers within what a block
     may hold, the flash prune's estimate never below the compiled size (`_aot.problems`);
-    bf16 products of the chunked kernels on tensor cores (``mma`` or ``wgmma`` on an H100),
-    none on a T4 (sm_75), where Triton emits no tensor-core code.
+    bf16 products of the chunked kernels on tensor cores (``mma`` on an A100, ``mma`` or
+    ``wgmma`` on an H100), none on a T4 (sm_75), where Triton emits no tensor-core code.
     Spills are printed (``-s``), not asserted."""
     results = compile_subset(tmp_path)
     print(_aot.summary(results))
@@ -47,7 +49,9 @@ def test_kernels_compile_for_four_gpus(tmp_path):
     assert not [r for r in results if r["error"]], [r["error"] for r in results if r["error"]]
     assert _aot.problems(results) == []
     half = [r for r in results if r["dtype"] == "bf16"]
-    assert half and all(r["mma"] or r["wgmma"] for r in half)
+    assert {r["gpu"] for r in half} == {"A100", "H100"}
+    assert all(r["mma"] or r["wgmma"] for r in half)
+    assert all(r["mma"] for r in half if r["gpu"] == "A100")       # sm_80 has no wgmma
     t4_half = [r for r in results if r["gpu"] == "T4" and r["dtype"] == "fp16"]
     assert t4_half and not any(r["mma"] or r["wgmma"] for r in t4_half)
 

@@ -182,16 +182,18 @@ def in_subset(x: Launch) -> bool:
     most shared memory and registers, as Triton stages fp16 operands as fp32 there too; the
     delta kernel of the flash backward in one config) and one fp16 product, to show it gets
     no tensor core; on an H100, the two heaviest kernels of each chunked family in bf16 at
-    head size 128 (their tensor cores; an A100's are in the full matrix)."""
+    head size 128, and on an A100 the two cheapest (the state kernels): tensor cores on both
+    generations (``wgmma`` or ``mma`` on sm_90, ``mma`` on sm_80)."""
     largest = _largest(x)
     if x.gpu == "T4":
         return ((largest and x.dtype == "fp32" and x.kept
                  and (x.kernel != "_bwd_delta_kernel" or dict(x.constexprs)["BLOCK_M"] == 64))
                 or (x.dtype == "fp16" and x.size == 64 and x.kernel == "_out_kernel"
                     and x.family == "chunk_simple_gla"))
-    return (x.gpu == "H100" and largest and x.dtype == "bf16"
-            and x.family in ("chunk_simple_gla", "chunk_gla")
-            and x.kernel in ("_out_kernel", "_grad_qk_kernel"))
+    chunked = largest and x.dtype == "bf16" and x.family in ("chunk_simple_gla", "chunk_gla")
+    if x.gpu == "A100":
+        return chunked and x.kernel in ("_state_kernel", "_d_state_kernel")
+    return chunked and x.gpu == "H100" and x.kernel in ("_out_kernel", "_grad_qk_kernel")
 
 
 def _signature(fn, x: Launch) -> tuple[dict, dict]:
