@@ -21,8 +21,9 @@ def test_q6a_public(delta_rule_recurrent):
         return {'out': torch.stack([first, first + b * (v1 - first)], dim=-2), 'final state': c['k'][..., 0, :, None] * (first + b * (v1 - first))[..., None, :]}
 
     def probe_compare(c, got, expected):
-        from xfam_grading import output_problems
+        from xfam_grading.compare import mistake_hints, output_problems
         problems = output_problems(got, expected)
+        problems += mistake_hints(got, expected, c) if problems else []
         out = got.get('out') if isinstance(got, dict) else None
         if problems and isinstance(out, torch.Tensor) and (out.shape == expected['out'].shape):
             b, v0, v1 = (c['beta'][..., :1], c['v'][..., 0, :], c['v'][..., 1, :])
