@@ -271,6 +271,7 @@ def _resolve(link: str) -> None:
 
 QUESTION_SECTIONS = {            # sections a reader of the question needs, checked by hand against the chapters
     ("ch07", 2): ["7.2"], ("ch10", 2): ["10.2"], ("ch10", 4): ["10.7", "10.8"], ("ch08", 1): ["8.6"],
+    ("ch08", 4): ["8.9"], ("ch08", 6): ["8.8"],
 }
 
 

@@ -408,3 +408,118 @@ WRONG_ANSWERS["q5b"] = {
     "state_not_decayed": ({"retention_chunk": retention_state_not_decayed}, "max abs error"),
     "parallel_form": ({"retention_chunk": retention_parallel_form}, "L x L"),
 }
+
+
+# ----------------------------------------------------------------------------- q6a: delta_rule_recurrent
+def _delta(q, k, v, beta, initial_state=None, *, rule="delta", use_beta=True, read_first=False, normalise=False,
+           scale=False, use_initial=True):
+    S = q.new_zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]))
+    if initial_state is not None and use_initial:
+        S = initial_state
+    if normalise:                                                  # keys made unit, where they are used as given
+        k = F.normalize(k, dim=-1)
+    if scale:
+        q = q / math.sqrt(q.shape[-1])
+    b = beta if use_beta else torch.ones_like(beta)
+    outs = []
+    for t in range(q.shape[-2]):
+        k_t, v_t, b_t = k[..., t, :], v[..., t, :], b[..., t, None]
+        if read_first:                                             # reads the state before token t's write
+            outs.append((q[..., t, :, None] * S).sum(-2))
+        write = v_t if rule == "additive" else v_t - (k_t[..., :, None] * S).sum(-2)
+        S = S + k_t[..., :, None] * (b_t * write)[..., None, :]
+        if not read_first:
+            outs.append((q[..., t, :, None] * S).sum(-2))
+    return torch.stack(outs, dim=-2), S
+
+
+def delta_reads_before_writing(q, k, v, beta, initial_state=None):
+    return _delta(q, k, v, beta, initial_state, read_first=True)
+
+
+def delta_additive(q, k, v, beta, initial_state=None):
+    return _delta(q, k, v, beta, initial_state, rule="additive")     # S + beta k v^T: linear attention's sum
+
+
+def delta_forgets_beta(q, k, v, beta, initial_state=None):
+    return _delta(q, k, v, beta, initial_state, use_beta=False)
+
+
+def delta_normalises_keys(q, k, v, beta, initial_state=None):
+    return _delta(q, k, v, beta, initial_state, normalise=True)
+
+
+def delta_scales_queries(q, k, v, beta, initial_state=None):
+    return _delta(q, k, v, beta, initial_state, scale=True)
+
+
+def delta_ignores_initial_state(q, k, v, beta, initial_state=None):
+    return _delta(q, k, v, beta, initial_state, use_initial=False)
+
+
+# ----------------------------------------------------------------------------- q6b: delta_chunk
+def _delta_chunk(q, k, v, beta, S, *, strict_read=False, solve=True, a_diagonal=False, a_beta=True,
+                 first_order=False, state_in_u=True, state="corrections"):
+    C = q.shape[-2]
+    eye = torch.eye(C, dtype=q.dtype)
+    b = beta[..., :, None]
+    gram = k @ k.transpose(-2, -1)
+    A = ((b if a_beta else 1.0) * gram).tril(0 if a_diagonal else -1)
+    if not solve:                                                  # each correction on its own: T = I
+        T = eye.expand_as(A).clone()
+    elif first_order:                                              # (I + A)^-1 ~ I - A, one term of the series
+        T = eye - A
+    else:
+        T = torch.linalg.inv(eye + A)
+    U = T @ (b * (v - k @ S)) if state_in_u else T @ (b * v)
+    scores = (q @ k.transpose(-2, -1)).tril(-1 if strict_read else 0)
+    out = q @ S + scores @ U
+    S_next = S + k.transpose(-2, -1) @ (U if state == "corrections" else b * v)
+    return out, S_next, T
+
+
+def chunk_strict_read(q, k, v, beta, S):
+    return _delta_chunk(q, k, v, beta, S, strict_read=True)          # token i misses its own correction
+
+
+def chunk_no_solve(q, k, v, beta, S):
+    return _delta_chunk(q, k, v, beta, S, solve=False)
+
+
+def chunk_a_with_diagonal(q, k, v, beta, S):
+    return _delta_chunk(q, k, v, beta, S, a_diagonal=True)
+
+
+def chunk_a_without_beta(q, k, v, beta, S):
+    return _delta_chunk(q, k, v, beta, S, a_beta=False)
+
+
+def chunk_first_order_inverse(q, k, v, beta, S):
+    return _delta_chunk(q, k, v, beta, S, first_order=True)
+
+
+def chunk_ignores_entering_state(q, k, v, beta, S):
+    return _delta_chunk(q, k, v, beta, S, state_in_u=False)          # U = T diag(beta) V, no - W S
+
+
+def chunk_additive_state(q, k, v, beta, S):
+    return _delta_chunk(q, k, v, beta, S, state="sum")               # S + K^T diag(beta) V
+
+
+WRONG_ANSWERS["q6a"] = {
+    "off_by_one": ({"delta_rule_recurrent": delta_reads_before_writing}, "token t must see itself"),
+    "additive": ({"delta_rule_recurrent": delta_additive}, "added the second value"),
+    "forgets_beta": ({"delta_rule_recurrent": delta_forgets_beta}, "scaled by beta"),
+    "normalises_keys": ({"delta_rule_recurrent": delta_normalises_keys}, "max abs error"),
+    "scales_queries": ({"delta_rule_recurrent": delta_scales_queries}, "same constant everywhere"),
+    "ignores_initial_state": ({"delta_rule_recurrent": delta_ignores_initial_state}, "max abs error"),
+}
+WRONG_ANSWERS["q6b"] = {
+    "off_by_one": ({"delta_chunk": chunk_strict_read}, "token t must see itself"),
+    "no_solve": ({"delta_chunk": chunk_no_solve}, "only larger chunks fail"),
+    "a_with_diagonal": ({"delta_chunk": chunk_a_with_diagonal}, "max abs error"),
+    "a_without_beta": ({"delta_chunk": chunk_a_without_beta}, "max abs error"),
+    "first_order_inverse": ({"delta_chunk": chunk_first_order_inverse}, "max abs error"),
+    "ignores_entering_state": ({"delta_chunk": chunk_ignores_entering_state}, "max abs error"),
+    "additive_state": ({"delta_chunk": chunk_additive_state}, "max abs error"),
+}

@@ -204,7 +204,11 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
                    delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
                    return_last_state: bool = False):
     """Mamba's selective scan, fused in Triton: one program instance per batch element and
-    block of channels, the states in registers, one pass over time.
+    block of channels, the states in registers, one pass over time, step after step.
+
+    Sequential in time within each program instance (parallel across channels, states and
+    instances), unlike Mamba's CUDA kernel, which also scans each chunk of the sequence in
+    parallel across a thread block's threads.
 
     The arguments and results of `xfam_lib.ssm.selective_scan`: ``u, delta, z (batch, d_inner,
     L)``, real ``A (d_inner, N)``, ``B, C`` fixed ``(d_inner, N)``, input-dependent ``(batch, N,

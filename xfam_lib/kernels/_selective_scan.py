@@ -12,6 +12,12 @@ once, and writes ``y_t`` once:
     y_t = <x_t, C_t> + D u_t,    y_t *= silu(z_t)
 
 so the ``(batch, d_inner, L, N)`` states, ``N`` times the size of ``u``, never reach memory.
+The kernel is sequential in time: each program instance walks its ``L`` steps one after another,
+parallel only across its channels and states (and across program instances). Mamba's CUDA
+kernel fuses the same loop but is also parallel in time: a thread block per channel splits a
+chunk of the sequence among its threads and combines their stretches with a block-wide prefix
+scan of the ``(exp(delta A), delta B u)`` pairs, carrying the state between chunks; this one
+does no such scan.
 ``u, delta, z`` are contiguous ``(batch, d_inner, L)``; ``B`` and ``C`` keep their layout
 (fixed, input-dependent or grouped) and are addressed through strides: channel ``d`` reads
 row ``d // per_group`` of its batch's ``(groups, N, L)`` block. Everything runs in fp32.

@@ -388,6 +388,31 @@ def _factored_chunk_scan(dt, dtu, A, B_l, C_l, size: int):
     return y.reshape(batch, dim, n_chunks * size)[:, :, :length], x
 
 
+
+def _factored_chunk_reference(dt, dtu, A, B_l, C_l, size: int):
+    """`_factored_chunk_scan` as the algorithm reads: one chunk after another, ``(y, last_state)``.
+
+    The same arguments, results and closed form per chunk (``c_t`` the sum of ``delta`` from the
+    chunk's start, ``m`` the middle of its range, ``E_t = exp(A (c_t - m))``):
+    ``x_t = E_t * (exp(A m) x_in + sum_{s <= t} delta_s B_s u_s / E_s)``, and the chunk's last state
+    enters the next. None of the tuning (groups of chunks, reused buffers, time innermost): for
+    reading and for tests, not for speed. ``size`` must keep every factor in range (`_chunk_plan`).
+    """
+    batch, dim, length = dt.shape
+    B_l, C_l = (t.expand(batch, dim, length, -1) for t in (B_l, C_l))    # (b, d, L, N)
+    x, ys = dt.new_zeros(batch, dim, A.shape[-1]), []
+    for start in range(0, length, size):
+        part = slice(start, start + size)
+        c = dt[:, :, part, None].cumsum(-2)                              # (b, d, T, 1)
+        m = (c.amax(-2, keepdim=True) + c.amin(-2, keepdim=True)) / 2   # (b, d, 1, 1)
+        E = torch.exp(A[:, None, :] * (c - m))                           # (b, d, T, N)
+        drive = dtu[:, :, part, None] * B_l[:, :, part]                  # delta_t u_t B_t: (b, d, T, N)
+        states = E * (torch.exp(A[:, None, :] * m) * x[:, :, None] + (drive / E).cumsum(-2))
+        ys.append((states * C_l[:, :, part]).sum(-1))
+        x = states[:, :, -1]
+    return torch.cat(ys, dim=-1), x
+
+
 # ----------------------------------------------------------------------------- Mamba block
 class MambaBlock(torch.nn.Module):
     """The Mamba mixer (Gu & Dao 2023), with the parameter names of the reference ``mamba_simple.Mamba``.
