@@ -70,5 +70,5 @@ def test_q2b_public(local_attention):
             problems.append(f"over the memory budget: your code allocated a tensor of shape {largest.get('shape')} ({largest.get('numel')} elements, by {largest.get('op')}); the budget is fewer than {c['budget']} elements (a quarter of the L x L score matrix)")
         if problems:
             raise AssertionError('; '.join(problems))
-    check_cases('small', params=[{'leading dims': lead, 'L': L, 'd': d, 'd_v': dv, 'window': w, 'causal': causal, 'block': block, 'process': bool(process)} for lead, L, d, dv, w, causal, block, *process in (((1,), 128, 8, 8, 4, False, 16), ((1,), 120, 8, 4, 3, True, 16), ((2,), 20, 4, 4, 0, False, 8), ((1,), 21, 4, 4, 2, True, 4), ((1,), 4096, 8, 8, 16, False, 256, True))], make_case=make_case, submission=submission, reference=reference, compare=compare)
+    check_cases('small', params=[{'leading dims': lead, 'L': L, 'd': d, 'd_v': dv, 'window': w, 'causal': causal, 'block': block, 'process': bool(process)} for lead, L, d, dv, w, causal, block, *process in (((1,), 128, 8, 8, 4, False, 16), ((1,), 120, 8, 4, 3, True, 16), ((2,), 20, 4, 4, 0, False, 8), ((1,), 21, 4, 4, 2, True, 4), ((1,), 16384, 8, 8, 16, False, 256, True))], make_case=make_case, submission=submission, reference=reference, compare=compare)
 
