@@ -340,6 +340,8 @@ def test_part_grades_correctly(chapter, question, variant, built, judge, monkeyp
         assert all(keyword in m for _, m in public), public_summary
     else:
         assert any(keyword in t.message for t in hidden), f"no message mentions {keyword!r}:\n{summary}"
+    if (chapter, question, variant) == ("ch10", "q4a", "no_baseline"):     # named, not taken for a scale
+        assert not any("look for a scale" in t.message for t in verdict.tests), summary
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
