@@ -341,6 +341,8 @@ def test_part_grades_correctly(chapter, question, variant, built, judge, monkeyp
         assert all(keyword in m for _, m in public), public_summary
     else:
         assert any(keyword in t.message for t in hidden), f"no message mentions {keyword!r}:\n{summary}"
+    if (chapter, question, variant) == ("ch10", "q4a", "no_baseline"):     # named, not taken for a scale
+        assert not any("look for a scale" in t.message for t in verdict.tests), summary
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -353,6 +355,39 @@ def test_a_stub_costs_only_its_own_part(chapter, built, judge):
         verdict = judge(chapter).grade_namespace(env, [q.name]).questions[q.name]
         assert verdict.score == verdict.possible, (q.name, [t.message for t in verdict.tests if not t.passed])
 
+
+
+CALLS_ANOTHER_PART = {          # a right answer that calls another part's answer, as the prompts invite
+    ("ch03", "q1b", "qk_variance", "q1a"): (
+        "def scaled_variance(d_k, alpha, mean=0.0, var=1.0):\n"
+        "    return qk_variance(d_k, mean, var) / float(d_k) ** (2 * alpha)\n"),
+    ("ch03", "q5b", "repeat_kv", "q5a"): (
+        "def gqa_attention(q, k, v, causal=False):\n"
+        "    n_rep = q.shape[1] // k.shape[1]\n"
+        "    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)\n"
+        "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
+        "    if causal:\n"
+        "        lq, lk = q.shape[-2], k.shape[-2]\n"
+        "        allowed = torch.arange(lk) <= torch.arange(lq).unsqueeze(-1) + (lk - lq)\n"
+        "        scores = scores.masked_fill(~allowed, float('-inf'))\n"
+        "    return torch.softmax(scores, dim=-1) @ v\n"),
+}
+
+
+@pytest.mark.parametrize("chapter, part, callee, callee_part", list(CALLS_ANOTHER_PART))
+def test_a_part_that_calls_another_parts_stub_is_attempted_and_says_where_it_raised(
+        chapter, part, callee, callee_part, built, judge):
+    """A written part whose answer calls another part's stub is attempted, and its why column names the
+    part the error came from; with the other part written it earns all its points."""
+    env = namespace(chapter, "stub", built)
+    exec(compile(CALLS_ANOTHER_PART[chapter, part, callee, callee_part], f"<{chapter} {part} cell>", "exec"), env)
+    verdict = judge(chapter).grade_namespace(env, [part]).questions[part]
+    why = verdict.message()
+    assert verdict.score == 0 and verdict.attempted, (verdict.score, why)
+    assert f"raised in {callee} ({callee_part})" in why, why
+    env[callee] = namespace(chapter, "solution", built)[callee]
+    verdict = judge(chapter).grade_namespace(env, [part]).questions[part]
+    assert verdict.score == verdict.possible > 0, verdict.message()
 
 def _off_limits_cases():
     """(chapter, part, an off-limits callable): a module entry stands for its first public member."""

@@ -136,6 +136,24 @@ def local_dense(q, k, v, window, causal=False, block_size=16):
     return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
 
 
+
+def local_numpy_full(q, k, v, window, causal=False, block_size=16):
+    """Right values through the full L x L scores built in numpy, which no torch dispatch hook sees."""
+    import numpy as np
+
+    length = q.shape[-2]
+    s = (q.numpy() @ np.swapaxes(k.numpy(), -1, -2)) / math.sqrt(q.shape[-1])
+    rel = np.arange(length)[:, None] - np.arange(length)[None, :]
+    s = np.where((rel <= window) & (rel >= (0 if causal else -window)), s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return torch.from_numpy((w / w.sum(-1, keepdims=True)) @ v.numpy()).to(q.dtype)
+
+
+def local_dispatch_off(q, k, v, window, causal=False, block_size=16):
+    with torch._C._DisableTorchDispatch():               # the full matrix with torch's dispatch hooks off
+        return local_dense(q, k, v, window, causal, block_size)
+
+
 # ----------------------------------------------------------------------------- q3a: lsh_buckets
 def _lsh(x, rotations, *, negate_first=False, negate=True):
     proj = torch.einsum("...ld,rdb->...rlb", x, rotations)
@@ -305,6 +323,8 @@ WRONG_ANSWERS = {
         "no_overlap": ({"local_attention": local_no_overlap}, "max abs error"),
         "unscaled": ({"local_attention": local_unscaled}, "max abs error"),
         "dense": ({"local_attention": local_dense}, "memory budget"),
+        "numpy_full_matrix": ({"local_attention": local_numpy_full}, "ran out of memory in a process"),
+        "dispatch_off": ({"local_attention": local_dispatch_off}, "ran out of memory in a process"),
     },
     "q3a": {
         "off_by_one": ({"lsh_buckets": lsh_negated_first}, "differ"),

@@ -19,9 +19,6 @@ def test_q5c_public(tp_local_heads):
             return 'ValueError'
 
     def reference(c):
-        h, kv, world = (c['heads'], c['kv heads'], c['ranks'])
-        if h % world or kv % world or h % kv:
-            return 'ValueError'
-        return (h // world, kv // world, h // kv)
+        return {(32, 8, 8): (4, 1, 4), (32, 8, 16): 'ValueError'}[c['heads'], c['kv heads'], c['ranks']]
     check_cases('splits', params=[{'heads': 32, 'kv heads': 8, 'ranks': 8}, {'heads': 32, 'kv heads': 8, 'ranks': 16}], make_case=make_case, submission=submission, reference=reference)
 
