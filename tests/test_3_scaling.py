@@ -240,6 +240,47 @@ def test_fused_io_grows_as_n_squared_for_fixed_on_chip_memory_theorem2_M3_8():
         attention_io_bytes(64, 64, torch.float16, True, sram_bytes=2 ** 16)
 
 
+def _flash2_forward_bytes(n, d, block_q, b):
+    """HBM bytes of FlashAttention-2's forward loop, counted by walking it (i over query blocks of
+    `block_q` rows, j over key blocks of 64): Q_i read, every K_j and V_j read, O_i written once,
+    and the fp32 log-sum-exp of each row written once."""
+    moved = 0
+    for i in range(0, n, block_q):
+        rows = min(block_q, n - i)
+        moved += rows * d * b                                     # load Q_i
+        for j in range(0, n, 64):
+            moved += 2 * min(64, n - j) * d * b                   # load K_j, V_j
+        moved += rows * d * b + rows * 4                          # write O_i and L_i
+    return moved
+
+
+@pytest.mark.parametrize("n, d, block_q, dtype", [(100, 8, 16, torch.float32), (1000, 64, 128, torch.float16),
+                                                  (37, 4, 64, torch.float32), (513, 128, 64, torch.bfloat16)])
+def test_fused_io_with_query_blocks_counts_flash2_forward_M3_8(n, d, block_q, dtype):
+    """With `block_q` the fused count equals a walk over FlashAttention-2's forward loop; one query
+    block holding every query moves the 4nd floor plus the log-sum-exp."""
+    got = attention_io_bytes(n, d, dtype, materialize=False, block_q=block_q)
+    assert got == _flash2_forward_bytes(n, d, block_q, dtype.itemsize)
+    assert attention_io_bytes(n, d, dtype, False, block_q=n) == attention_io_bytes(n, d, dtype, False) + 4 * n
+
+
+def test_flash2_intensity_levels_off_at_twice_the_query_block_M3_8():
+    """K and V pass every query block, so for a fixed block the bytes grow as n^2 and the intensity
+    4 n^2 d / bytes approaches 2 B_r / b from below, whatever the head width."""
+    for d in (64, 128):
+        for block_q in (64, 128):
+            limit = 2 * block_q / 2                                # fp16: b = 2
+            intensity = [attention_flops(n, d) / attention_io_bytes(n, d, torch.float16, False, block_q=block_q)
+                         for n in (2 ** 10, 2 ** 14, 2 ** 20)]
+            assert intensity[0] < intensity[1] < intensity[2] < limit < 1.01 * intensity[2]
+    with pytest.raises(ValueError, match="block_q"):
+        attention_io_bytes(64, 64, torch.float16, False, block_q=0)
+    with pytest.raises(ValueError, match="not both"):
+        attention_io_bytes(64, 64, torch.float16, False, block_q=64, sram_bytes=2 ** 16)
+    with pytest.raises(ValueError, match="materialize"):
+        attention_io_bytes(64, 64, torch.float16, True, block_q=64)
+
+
 def test_kv_cache_bytes_equal_real_buffers_M3_9():
     """kv_cache_bytes ≡ Σ nbytes of the KVCache buffers of a GQA TransformerLM; 32 layers × 8 kv heads × 128, bf16:
     131072 B/token; MHA (32 heads) 524288; 8192 tokens of GQA = 1 GiB."""

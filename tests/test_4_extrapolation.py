@@ -161,3 +161,17 @@ def test_length_extrapolation_smoke_M4_15():
     assert len(res["per_position"]["alibi"]) == 48 and len(res["train_loss"]["learned"]) == 3
     assert 0 < res["oracle"][24] < math.log(32)
     assert res["config"]["relative_max_distance"] == 18
+
+
+def test_char_length_extrapolation_scores_every_position_of_the_long_windows():
+    """Tiny Shakespeare, two steps: one loss per position of windows factor x train_len long for each
+    kind, every arm from the same seed (two calls agree exactly), and unknown kinds are refused."""
+    from xfam_lib.ablations import char_length_extrapolation
+    kw = dict(train_len=8, factor=3, steps=2, batch=2, d_model=8, n_layers=1, n_heads=2, eval_windows=2)
+    a = char_length_extrapolation(("sinusoidal", "alibi"), **kw)
+    b = char_length_extrapolation(("sinusoidal", "alibi"), **kw)
+    assert {k: len(v) for k, v in a["per_position"].items()} == {"sinusoidal": 24, "alibi": 24}
+    assert a["per_position"] == b["per_position"]
+    assert a["per_position"]["sinusoidal"] != a["per_position"]["alibi"]
+    with pytest.raises(ValueError, match="kinds"):
+        char_length_extrapolation(("rotary",), **kw)

@@ -1,7 +1,8 @@
 """Ablations: small models that differ in one component, trained side by side and compared.
 
 `length_extrapolation` (chapter 4): decoder-only LMs that differ only in positional encoding,
-trained at one length and evaluated at multiples of it.
+trained at one length and evaluated at multiples of it; `char_length_extrapolation` does the same
+on Tiny Shakespeare, chapter 1's character corpus, reporting the loss at every position.
 
 `xl_delayed_copy` (chapter 5): Transformer-XL models that differ only in memory length, trained
 to copy the token read ``delay`` steps back while reading a stream one segment at a time.
@@ -92,6 +93,52 @@ def length_extrapolation(kinds: Sequence[str] = ("none", "sinusoidal", "learned"
                 result["loss"][kind][L] = float(nll.mean())
                 if L == max(lengths):
                     result["per_position"][kind] = nll.mean(0).tolist()
+    return result
+
+
+def char_length_extrapolation(kinds: Sequence[str] = ("sinusoidal", "rope", "alibi"), *, train_len: int = 64,
+                              factor: int = 4, steps: int = 600, batch: int = 32, d_model: int = 64,
+                              n_layers: int = 2, n_heads: int = 4, lr: float = 3e-3, seed: int = 0,
+                              eval_windows: int = 64, device: torch.device | str = "cpu") -> dict:
+    """Train one character `TransformerLM` per positional encoding on Tiny Shakespeare windows of
+    ``train_len`` characters, then score windows ``factor`` times as long from the validation text.
+
+    Every arm starts from the same seed and sees the same training windows and the same
+    ``eval_windows`` validation windows; only ``positional`` differs. Returns a JSON-ready dict with
+    ``per_position[kind]`` (mean next-character loss in nats at each of the ``factor * train_len``
+    positions), ``train_loss[kind]`` (per step) and ``config``.
+    """
+    from .text import get_batch, tiny_shakespeare                 # the corpus loads only when asked for
+
+    check_positive_int("factor", factor)
+    check_positive_int("eval_windows", eval_windows)
+    for kind in kinds:
+        if kind not in TransformerLM.POSITIONAL:
+            raise ValueError(f"kinds must hold names from {TransformerLM.POSITIONAL}, got {kind!r}")
+    corpus = tiny_shakespeare()
+    long_len = factor * check_positive_int("train_len", train_len)
+    eval_x, eval_y = get_batch(corpus.val, eval_windows, long_len,
+                               generator=torch.Generator().manual_seed(10_000 + seed), device=device)
+    result = {"config": dict(kinds=list(kinds), train_len=train_len, factor=factor, steps=steps, batch=batch,
+                             d_model=d_model, n_layers=n_layers, n_heads=n_heads, lr=lr, seed=seed,
+                             eval_windows=eval_windows, vocab=len(corpus.vocab)),
+              "per_position": {}, "train_loss": {}}
+    for kind in kinds:
+        torch.manual_seed(seed)
+        model = TransformerLM(len(corpus.vocab), d_model, n_layers, n_heads, positional=kind,
+                              max_len=long_len).to(device)
+        train_gen = torch.Generator().manual_seed(seed)
+
+        def loss_fn(m, step):
+            x, y = get_batch(corpus.train, batch, train_len, generator=train_gen, device=device)
+            return cross_entropy(m(x), y)
+
+        result["train_loss"][kind] = train_loop(model, loss_fn, steps=steps, lr=lr, warmup=steps // 10,
+                                                progress=False, desc=kind)
+        model.eval()
+        with torch.no_grad():
+            nll = F.cross_entropy(model(eval_x).transpose(1, 2).float(), eval_y, reduction="none")
+        result["per_position"][kind] = nll.mean(0).tolist()
     return result
 
 

@@ -324,27 +324,40 @@ def path_length(kind: str, distance: int, kernel: int = 3) -> int:
 
 
 def attention_io_bytes(n: int, d: int, dtype: torch.dtype = torch.float16, materialize: bool = True, *,
-                       sram_bytes: int | None = None) -> int:
+                       sram_bytes: int | None = None, block_q: int | None = None) -> int:
     """Bytes one attention head moves to and from main memory (HBM), ``n`` tokens, head width ``d``.
 
     ``materialize=True`` (unfused kernels): read ``Q, K, V`` and write ``O``, ``4 n d`` elements, plus
     writing and reading back the scores ``S`` and the probabilities ``P``, ``4 n^2``; the least a
     sequence of unfused kernels moves. ``materialize=False`` is a fused kernel. Without
-    ``sram_bytes`` it is the floor ``4 n d``: every number moved once, as if whole rows of scores
-    fit on chip. ``sram_bytes=M`` counts Algorithm 1 of Dao et al. (2022) with ``M`` bytes of
-    on-chip memory: ``K`` and ``V`` are read once, in blocks of ``B_c = M // (4 d b)`` rows (``b``
-    bytes per number); for each of the ``T_c = ceil(n / B_c)`` blocks, all of ``Q`` is read and
-    ``O`` and the row statistics ``m, l`` are written, and read back on every pass after the
-    first: ``2nd + T_c nd + (2 T_c - 1)(nd + 2n)`` elements. For ``n > B_c`` that is their
-    Theorem 2, ``Theta(n^2 d^2 / M)``: quadratic in ``n`` for a fixed ``M``.
+    ``sram_bytes`` or ``block_q`` it is the floor ``4 n d``: every number moved once, as if whole rows
+    of scores fit on chip.
+
+    ``block_q=B_r`` counts the forward loop of FlashAttention-2 (Dao 2023, Algorithm 1), the loop
+    `attention.tiled_attention` runs: for each of the ``T_r = ceil(n / B_r)`` query blocks, ``Q_i`` is
+    read once, all of ``K`` and ``V`` are streamed past it, and ``O_i`` and its log-sum-exp (fp32,
+    4 bytes a row) are written once: ``(2 n d + 2 T_r n d) b + 4 n`` bytes (``b`` bytes per number).
+    No causal mask (every key block visited) and no cache reuse: each K/V re-read is charged to HBM.
+
+    ``sram_bytes=M`` counts Algorithm 1 of Dao et al. (2022), FlashAttention-1's loop, with ``M``
+    bytes of on-chip memory: ``K`` and ``V`` are read once, in blocks of ``B_c = M // (4 d b)`` rows;
+    for each of the ``T_c = ceil(n / B_c)`` blocks, all of ``Q`` is read and ``O`` and the row
+    statistics ``m, l`` are written, and read back on every pass after the first:
+    ``2nd + T_c nd + (2 T_c - 1)(nd + 2n)`` elements, their Theorem 2's ``Theta(n^2 d^2 / M)``.
     """
     n, d, b = _positive("n", n), _positive("d", d), _itemsize(dtype)
-    if sram_bytes is None:
+    if sram_bytes is None and block_q is None:
         elements = 4 * n * d + (4 * n * n if materialize else 0)
         return elements * b
     if materialize:
-        raise ValueError("sram_bytes models the fused kernel's tiles; pass materialize=False with it, "
-                         f"got materialize=True, sram_bytes={sram_bytes!r}")
+        raise ValueError("sram_bytes and block_q model a fused kernel's tiles; pass materialize=False with "
+                         f"them, got materialize=True, sram_bytes={sram_bytes!r}, block_q={block_q!r}")
+    if sram_bytes is not None and block_q is not None:
+        raise ValueError(f"pass sram_bytes (FlashAttention-1's loop) or block_q (FlashAttention-2's), not both; "
+                         f"got sram_bytes={sram_bytes!r}, block_q={block_q!r}")
+    if block_q is not None:
+        passes = -(-n // _positive("block_q", block_q))
+        return (2 * n * d + 2 * passes * n * d) * b + 4 * n
     block = _positive("sram_bytes", sram_bytes) // (4 * d * b)
     if block < 1:
         raise ValueError(f"sram_bytes must hold one row of Q, K, V and O (4 d b = {4 * d * b} bytes for "
