@@ -87,9 +87,11 @@ def pip(*args: str) -> None:
 
 
 def build(colab: dict[str, str]) -> dict[str, str]:
-    """The twin venv (kept while the listing is unchanged); returns what it holds."""
+    """The twin venv (kept while the listing and the recipe are unchanged: rebuilt afresh for
+    another listing, completed in place for another recipe); returns what it holds."""
     stamp = WORK / "listing.sha256"
-    digest = hashlib.sha256(LISTING.read_bytes()).hexdigest()
+    recipe = "\n".join([*EXTRA_ROOTS, CHECK_ROOTS, (ROOT / "requirements-grading.txt").read_text()])
+    digest = " ".join(hashlib.sha256(x).hexdigest() for x in (LISTING.read_bytes(), recipe.encode()))
     if PY.exists() and stamp.exists() and stamp.read_text() == digest:
         return json.loads((WORK / "twin.json").read_text())
     python = os.environ.get("TWIN_PYTHON", f"python{colab_python()}")
@@ -99,8 +101,8 @@ def build(colab: dict[str, str]) -> dict[str, str]:
         raise SystemExit(f"the twin needs Colab's Python {colab_python()}; '{python}' is "
                          f"{found.stdout.strip() or 'not runnable'}: set TWIN_PYTHON=/path/to/python"
                          f"{colab_python()}")
-    if stamp.exists():  # built from another listing: start afresh
-        shutil.rmtree(VENV, ignore_errors=True)
+    if stamp.exists() and stamp.read_text().split()[0] != digest.split()[0]:
+        shutil.rmtree(VENV, ignore_errors=True)  # built from another listing: start afresh
         stamp.unlink()
     WORK.mkdir(parents=True, exist_ok=True)
     if not PY.exists():  # (an unfinished build is completed by the install below)
@@ -116,6 +118,11 @@ def build(colab: dict[str, str]) -> dict[str, str]:
     start = time.time()
     print(f"building the twin in {VENV}: {', '.join(roots)} at Colab's versions", flush=True)
     pip("install", *roots, "-c", str(constraints))
+    # the exercise notebooks' setup cells install their checks without dependencies: what those
+    # take from Colab must be in the twin too, at Colab's versions
+    taken = check_roots(colab)
+    print(f"what the exercise checks take from Colab: {', '.join(taken)}", flush=True)
+    pip("install", *taken, "-c", str(constraints))
     twin = installed()
     print(f"twin built in {time.time() - start:.0f} s: {len(twin)} distributions", flush=True)
     off = {n: v for n, v in twin.items() if n in colab and colab[n].split("+")[0] != v
@@ -127,6 +134,36 @@ def build(colab: dict[str, str]) -> dict[str, str]:
     (WORK / "twin.json").write_text(json.dumps(twin, indent=1))
     stamp.write_text(digest)
     return twin
+
+
+CHECK_ROOTS = """
+import json, sys, tempfile, zipfile, pathlib, subprocess
+from email.parser import Parser
+from packaging.requirements import Requirement
+sys.path.insert(0, sys.argv[1])
+import build  # exercises/build.py: the pins the setup cells install with --no-deps
+with tempfile.TemporaryDirectory() as tmp:
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp,
+                    *build.check_requirements()], check=True)
+    names = set()
+    for wheel in pathlib.Path(tmp).glob("*.whl"):
+        with zipfile.ZipFile(wheel) as z:
+            meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+            for line in Parser().parsestr(z.read(meta).decode()).get_all("Requires-Dist") or []:
+                req = Requirement(line)
+                if req.marker is None or req.marker.evaluate({"extra": ""}):
+                    names.add(req.name)
+print(json.dumps(sorted(names)))
+"""
+
+
+def check_roots(colab: dict[str, str]) -> list[str]:
+    """The requirements of the packages the exercise setup cells install without their
+    dependencies (``exercises/build.py``'s ``check_requirements``) that Colab's listing has:
+    on Colab they are there already, so the twin must hold them (at Colab's versions)."""
+    out = subprocess.run([str(PY), "-c", CHECK_ROOTS, str(ROOT / "exercises")],
+                         capture_output=True, text=True, check=True).stdout
+    return [n for n in json.loads(out) if normalize(n) in colab]
 
 
 def scratch_repository(work: Path) -> tuple[str, Path]:
