@@ -162,7 +162,8 @@ class TransformerXL(nn.Module):
 
 def temporal_range(mem_len: int, n_layers: int, cmem_len: int = 0, ratio: int = 1) -> int:
     """Longest dependency, in tokens, that information can travel through the memories of ``n_layers``
-    layers: ``n_layers * (mem_len + ratio * cmem_len)`` (XL: ``N m``; Compressive: ``(m_m + c m_cm) N``).
+    layers: ``n_layers * (mem_len + ratio * cmem_len)`` (XL: ``N_layers L_mem``; Compressive:
+    ``(L_mem + c L_cmem) N_layers``).
 
     Each layer attends over only ``L + mem_len (+ cmem_len)`` keys; the range grows through depth.
     """
