@@ -458,16 +458,17 @@ def softmax_online(values, *, trace: bool = False):
     """Softmax of a stream, reading each value once (Milakov & Gimelshein's online normaliser).
 
     ``values`` is any iterable (a generator is fine) of numbers or 1-D tensor chunks. One pass keeps
-    a running max ``m`` and a denominator ``d`` rescaled whenever the max grows::
+    a running max ``m`` and a denominator ``l`` rescaled whenever the max grows (``j = 0, 1, ...``)::
 
-        m_j = max(m_{j-1}, x_j)        d_j = d_{j-1} * exp(m_{j-1} - m_j) + exp(x_j - m_j)
+        m_j = max(m_{j-1}, x_j)        l_j = l_{j-1} * exp(m_{j-1} - m_j) + exp(x_j - m_j)
 
-    so ``d_n = sum_i exp(x_i - m_n)`` (the safe denominator). The values are kept as they stream
-    past and the probabilities ``exp(x_i - m_n) / d_n`` are formed at the end. Returns a 1-D tensor
-    (the chunks' dtype, accumulated in fp32 for halves; float64 for Python numbers); with
-    ``trace=True`` returns ``(probs, maxes, denominators)``, the running ``m_j`` and ``d_j`` after
-    each element or chunk (float64 tensors). A stream of only ``-inf`` has no distribution and gives
-    NaN, as `torch.softmax` and `softmax_safe` do (attention treats fully masked rows separately).
+    so after the last value, ``j = n - 1``, ``l_j = sum_i exp(x_i - m_j)`` (the safe denominator). The
+    values are kept as they stream past and the probabilities ``exp(x_i - m_j) / l_j`` are formed at
+    the end. Returns a 1-D tensor (the chunks' dtype, accumulated in fp32 for halves; float64 for
+    Python numbers); with ``trace=True`` returns ``(probs, maxes, denominators)``, the running
+    ``m_j`` and ``l_j`` after each element or chunk (float64 tensors). A stream of only ``-inf`` has no
+    distribution and gives NaN, as `torch.softmax` and `softmax_safe` do (attention treats fully
+    masked rows separately).
     """
     seen, maxes, denoms = [], [], []
     out_dtype = None
