@@ -1205,6 +1205,26 @@ def test_a_memory_budget_holds_whatever_allocates():
     assert not stopped["over"] and "time limit" in stopped["error"], stopped
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the budget needs fork and /proc")
+def test_a_memory_budget_does_not_charge_freed_blocks():
+    """A correct answer that frees each block before the next one fits whatever the allocator did
+    before: here the parent first frees a large block (glibc then serves blocks of that size from the
+    heap, where a freed 512 KiB block need not fit the next aligned one) and the child loops over 256
+    such blocks, keeping 8 KiB of each, under a 32 MiB budget (128 MiB if blocks piled up)."""
+    from xfam_grading import run_with_memory_budget
+
+    q, k = torch.randn(2048, 8), torch.randn(16384, 8)
+    big = torch.empty(4 * 2 ** 20)
+    del big                                   # raises glibc's dynamic mmap threshold in the parent
+
+    def blocks():
+        return torch.stack([(q @ k[j:j + 64].T).amax(-1) for j in range(0, k.shape[0], 64)])
+
+    run = run_with_memory_budget(blocks, 32 * 2 ** 20)
+    assert not run["over"] and not run["error"], run
+    assert run["value"].shape == (256, 2048)
+
+
 def test_a_copy_of_a_layer_the_tests_built_is_theirs_too():
     """A tripwire on a library class's forward lets the tests' own instance, and a deepcopy of it (a student
     may copy a given layer), through, but not an instance the student made without its __init__."""

@@ -44,7 +44,13 @@ def _limit_this_process(budget_bytes: int) -> None:
 
     torch.set_num_threads(1)
     with contextlib.suppress(Exception):
-        ctypes.CDLL(None).mallopt(-8, 1)                 # M_ARENA_MAX: no new arena's reserved 64 MiB
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-8, 1)                              # M_ARENA_MAX: no new arena's reserved 64 MiB
+        # M_MMAP_THRESHOLD, fixed (which also stops glibc from raising it after a free): every block of
+        # 128 KiB or more gets its own mapping and gives it back when freed. Otherwise such blocks can
+        # come from the heap, where a freed one need not fit the next aligned request, and a loop over
+        # blocks grows the address space by one block per step until a correct answer hits the limit.
+        libc.mallopt(-3, 128 * 1024)
     limit = _address_space() + budget_bytes
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
