@@ -702,6 +702,105 @@ def test_the_why_column_holds_no_hidden_case_and_names_the_part_an_error_came_fr
     assert "raised in sdpa (q1a)" in judge._raised_elsewhere("[x] 2 of 2 cases fail", stub_elsewhere, "q1b")
 
 
+# ----------------------------------------------------------------------------- each part graded on its own
+@pytest.fixture(scope="module")
+def ch03(tmp_path_factory):
+    """Chapter 3's autograder (built into a temporary folder) and its judge."""
+    from xfam_grading import Judge
+
+    built = _build().assign("ch03", tmp_path_factory.mktemp("ch03") / "out")
+    return built, Judge.from_autograder(built.zip_path)
+
+
+def _master_names(chapter: str, **answers: str) -> dict:
+    """The globals of a chapter master's answers, with some answers replaced by the code in ``answers``."""
+    env = {"__name__": f"xfam_{chapter}_submission"}
+    for source in _build().program_cells(_build().master_path(chapter), chapter):
+        exec(compile(source, f"<{chapter} master>", "exec"), env)
+    for part, source in answers.items():
+        exec(compile(source, f"<{chapter} {part} cell>", "exec"), env)
+    return env
+
+
+WRONG_QK_VARIANCE = "def qk_variance(d_k, mean=0.0, var=1.0):\n    return float(d_k * var * var)\n"   # no mean term
+SCALED_VARIANCE_CALLS_Q1A = ("def scaled_variance(d_k, alpha, mean=0.0, var=1.0):\n"
+                             "    return qk_variance(d_k, mean, var) / float(d_k) ** (2 * alpha)\n")
+SCALED_VARIANCE_ALPHA_ONCE = ("def scaled_variance(d_k, alpha, mean=0.0, var=1.0):\n"     # wrong: d_k ** alpha
+                              "    return qk_variance(d_k, mean, var) / float(d_k) ** alpha\n")
+MHA_LOOP_CALLS_SDPA = """
+def mha_loop(x, W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, n_heads, mask=None):
+    d_h = x.shape[-1] // n_heads
+    heads = []
+    for h in range(n_heads):
+        cols = slice(h * d_h, (h + 1) * d_h)
+        out, _ = sdpa(x @ W_q[:, cols] + b_q[cols], x @ W_k[:, cols] + b_k[cols], x @ W_v[:, cols] + b_v[cols], mask)
+        heads.append(out)
+    return torch.cat(heads, dim=-1) @ W_o + b_o
+"""
+
+
+def _points_of(report) -> dict[str, tuple[float, float]]:
+    return {name: (q.score, q.possible) for name, q in report.questions.items()}
+
+
+def test_a_right_part_that_calls_a_wrong_earlier_part_earns_its_points(ch03):
+    """ch03 q1b (`scaled_variance`, which may call q1a's `qk_variance`) is checked with the reference
+    `qk_variance`: a right q1b beside a wrong q1a that raises nothing keeps its points, q1a loses its own."""
+    _, judge = ch03
+    env = _master_names("ch03", q1a=WRONG_QK_VARIANCE, q1b=SCALED_VARIANCE_CALLS_Q1A)
+    points = _points_of(judge.grade_namespace(env, ["q1a", "q1b"]))
+    assert points["q1a"][0] == 0 < points["q1a"][1], points
+    assert points["q1b"][0] == points["q1b"][1] > 0, points
+    with pytest.raises(AssertionError):           # what the reference replaced: this q1b with this q1a is wrong
+        assert env["scaled_variance"](5, 0.5, 1.0, 1.0) == pytest.approx(3.0)
+
+
+def test_a_wrong_part_that_calls_a_right_earlier_part_still_loses_its_points(ch03):
+    _, judge = ch03
+    env = _master_names("ch03", q1b=SCALED_VARIANCE_ALPHA_ONCE)
+    report = judge.grade_namespace(env, ["q1a", "q1b"])
+    points = _points_of(report)
+    assert points["q1a"][0] == points["q1a"][1] > 0 and points["q1b"][0] == 0 < points["q1b"][1], points
+    assert report.questions["q1b"].attempted
+
+
+def test_a_part_of_another_chapter_that_calls_an_earlier_part_is_graded_on_its_own(ch02):
+    """ch02 q3a (`mha_loop`, which may use Question 1's `sdpa`) beside a wrong `sdpa` (scaled by d, not √d)."""
+    _, judge = ch02
+    env = _master_names("ch02", q1a=WRONG_SDPA, q3a=MHA_LOOP_CALLS_SDPA)
+    points = _points_of(judge.grade_namespace(env, ["q1a", "q3a"]))
+    assert points["q1a"][0] == 0 < points["q1a"][1] and points["q3a"][0] == points["q3a"][1] > 0, points
+    wrong_loop = MHA_LOOP_CALLS_SDPA.replace("@ W_o + b_o", "@ W_o")          # forgets the output bias
+    env = _master_names("ch02", q3a=wrong_loop)
+    points = _points_of(judge.grade_namespace(env, ["q1a", "q3a"]))
+    assert points["q1a"][0] == points["q1a"][1] > 0 and points["q3a"][0] == 0, points
+
+
+REFERENCE_THIEF = """
+import gc
+def qk_variance(d_k, mean=0.0, var=1.0):                 # right only with the reference of its own part
+    for obj in gc.get_objects():
+        if callable(obj) and getattr(getattr(obj, "__code__", None), "co_filename", "").startswith("<reference"):
+            if obj.__name__ == "qk_variance":
+                return obj(d_k, mean, var)
+    return float(d_k * var * var)
+"""
+
+
+def test_the_runner_gets_a_parts_reference_only_after_its_checks(ch03):
+    """In the sandboxed runner: a right q1b that calls a wrong q1a earns its points; q1a's reference
+    reaches the runner only once the judge holds q1a's results, so a q1a that looks for it finds nothing."""
+    _, judge = ch03
+    nb = nbformat.read(_build().master_path("ch03"), as_version=4)
+    nb = _with_cell(nb, REFERENCE_THIEF, replace="def qk_variance")
+    nb = _with_cell(nb, SCALED_VARIANCE_CALLS_Q1A, replace="def scaled_variance")
+    report = judge.grade(nb)
+    points = _points_of(report)
+    assert not report.errors, report.summary()
+    assert points["q1a"][0] == 0 and points["q1b"][0] == points["q1b"][1] > 0, report.summary()
+    assert all(score == possible for part, (score, possible) in points.items() if part != "q1a"), report.summary()
+
+
 ISOLATION_PROBE = """
 import glob, os
 seen = []
