@@ -272,6 +272,10 @@ def _resolve(link: str) -> None:
 QUESTION_SECTIONS = {            # sections a reader of the question needs, checked by hand against the chapters
     ("ch07", 2): ["7.2"], ("ch10", 2): ["10.2"], ("ch10", 4): ["10.7", "10.8"], ("ch08", 1): ["8.6"],
     ("ch08", 4): ["8.9"], ("ch08", 6): ["8.8"],
+    # chapter 5: Transformer-XL's memory and its mask (5.2), the Compressive Transformer (5.3), kNN-LM
+    # (5.4), Titans (5.7), the Memorizing Transformer (5.6)
+    ("ch05", 1): ["5.2"], ("ch05", 2): ["5.3"], ("ch05", 3): ["5.4"], ("ch05", 4): ["5.7"], ("ch05", 5): ["5.2"],
+    ("ch05", 6): ["5.6"],
 }
 
 
@@ -281,6 +285,54 @@ def test_a_question_links_to_the_section_it_is_about(chapter, number, built):
     cell = next(c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith(f"## Question {number}."))
     shown = re.findall(r"In the chapter: (.*)", cell)[0]
     assert re.findall(r"\[(\d+\.\d+) ", shown) == QUESTION_SECTIONS[chapter, number], shown
+
+
+def _check_html():
+    return _load("xfam_check_html", ROOT / "scripts" / "check_html.py")
+
+
+def _fake_book(folder: Path, notebooks: list[str], drop: str = "") -> Path:
+    """A built book with only ``notebooks``' pages: each heading in a ``<section>`` whose id the book build
+    gives it (as Jupyter Book's HTML has it), except the section titled ``drop``."""
+    for notebook in notebooks:
+        sections = "".join(f'<section id="{anchor}">\n<h{level}>{title}<a class="headerlink" href="#{anchor}" '
+                           f'title="Link to this heading">#</a></h{level}>\n<p>text</p>\n'
+                           for level, title, anchor, _ in build.chapter_sections(notebook) if title != drop)
+        page = folder / "chapters" / notebook.replace(".ipynb", ".html")
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(f"<html><body>{sections}</body></html>", encoding="utf-8")
+    return folder
+
+
+def test_the_exercise_link_check_resolves_pages_anchors_and_sections(tmp_path):
+    """scripts/check_html.py's check of the exercise links on a built book (here a fake one of chapter 7's
+    page): the student notebook's links resolve; a page or an anchor the book lacks, a link shown as
+    another section than it lands on, and a link that does not open where students read are named."""
+    check = _check_html()
+    chapter = "07_sparse_attention.ipynb"
+    student = ROOT / "exercises" / "ch07" / "student" / "ch07_exercises.ipynb"
+    assert check.exercise_links(student)
+    assert check.exercise_link_problems(_fake_book(tmp_path / "good", [chapter]), [student]) == []
+    title = next(t for _, t, _, _ in build.chapter_sections(chapter) if t.startswith("7.2 "))
+    problems = check.exercise_link_problems(_fake_book(tmp_path / "dropped", [chapter], drop=title), [student])
+    assert problems and all(f"no id {build._sphinx_anchor(title)!r}" in p for p in problems), problems
+    assert check.exercise_link_problems(tmp_path / "empty", [student])[0].endswith(
+        "the built book has no page chapters/07_sparse_attention.html")
+    other = next(t for _, t, _, _ in build.chapter_sections(chapter) if t.startswith("7.3 "))
+    bad = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        f"[{other}]({build.chapter_url(chapter, title)}) [Chapter 7](../../chapters/{chapter}) "
+        f"[7.2]({build.repository_url()}/blob/main/chapters/{chapter})")])
+    nbformat.write(bad, tmp_path / "bad.ipynb")
+    problems = check.exercise_link_problems(tmp_path / "good", [tmp_path / "bad.ipynb"])
+    assert len(problems) == 3, problems
+    assert f"is the section {title!r}, not 7.3" in problems[0], problems
+    assert all("does not open where students read" in p for p in problems[1:]), problems
+
+
+@pytest.mark.skipif(not (ROOT / "_build" / "html" / "index.html").is_file(), reason="no built book (make book)")
+def test_every_exercise_link_resolves_against_the_built_book():
+    check = _check_html()
+    assert check.exercise_link_problems(ROOT / "_build" / "html", check.student_notebooks()) == []
 
 
 def test_chapter_links_follow_where_the_book_is_published(monkeypatch):
