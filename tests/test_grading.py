@@ -12,7 +12,11 @@
   time), a memory bomb, a fork bomb, filling the disk, ``sys.exit`` and ``os._exit``, an endless
   loop that ignores the time limit, writing to the tests and the autograder, the network.
   Each scores 0 on the part it attacks or is flagged, the control gets full marks, the run
-  finishes, files outside the sandbox are unchanged and no process is left behind.
+  finishes, files outside the sandbox are unchanged and no process is left behind. The run is
+  made once per session, however many pytest-xdist workers run these tests.
+* Each part is graded on its own: a right part that calls a wrong earlier part keeps its points
+  (ch03 q1b, ch02 q3a), a wrong one still loses them, and in the sandboxed runner a part's own
+  checks cannot reach its reference answer.
 * The autograder zip's otter plugin grades under ``otter run`` as the judge does.
 """
 from __future__ import annotations
@@ -776,31 +780,6 @@ def test_a_part_of_another_chapter_that_calls_an_earlier_part_is_graded_on_its_o
     assert points["q1a"][0] == points["q1a"][1] > 0 and points["q3a"][0] == 0, points
 
 
-REFERENCE_THIEF = """
-import gc
-def qk_variance(d_k, mean=0.0, var=1.0):                 # right only with the reference of its own part
-    for obj in gc.get_objects():
-        if callable(obj) and getattr(getattr(obj, "__code__", None), "co_filename", "").startswith("<reference"):
-            if obj.__name__ == "qk_variance":
-                return obj(d_k, mean, var)
-    return float(d_k * var * var)
-"""
-
-
-def test_the_runner_gets_a_parts_reference_only_after_its_checks(ch03):
-    """In the sandboxed runner: a right q1b that calls a wrong q1a earns its points; q1a's reference
-    reaches the runner only once the judge holds q1a's results, so a q1a that looks for it finds nothing."""
-    _, judge = ch03
-    nb = nbformat.read(_build().master_path("ch03"), as_version=4)
-    nb = _with_cell(nb, REFERENCE_THIEF, replace="def qk_variance")
-    nb = _with_cell(nb, SCALED_VARIANCE_CALLS_Q1A, replace="def scaled_variance")
-    report = judge.grade(nb)
-    points = _points_of(report)
-    assert not report.errors, report.summary()
-    assert points["q1a"][0] == 0 and points["q1b"][0] == points["q1b"][1] > 0, report.summary()
-    assert all(score == possible for part, (score, possible) in points.items() if part != "q1a"), report.summary()
-
-
 ISOLATION_PROBE = """
 import glob, os
 seen = []
@@ -808,6 +787,8 @@ for path in [REPOSITORY + "/.git/HEAD", MASTER, CLASSMATE, SUBMISSIONS]:
     if os.path.exists(path):
         seen.append(path)
 for path in glob.glob("/proc/[0-9]*/cmdline"):
+    if path == f"/proc/{os.getpid()}/cmdline":              # this process: its own command line is no leak
+        continue
     if b"grade" in open(path, "rb").read() or b"pytest" in open(path, "rb").read():
         seen.append(path)
 for path in [CLASSMATE, LIBRARY, REPOSITORY + "/pyproject.toml", "/usr/lib/os-release"]:
@@ -870,7 +851,7 @@ def test_without_a_sandbox_the_judge_must_be_told(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- attacks, end to end
-def _solution_notebook(ch02) -> nbformat.NotebookNode:
+def _solution_notebook(ch02=None) -> nbformat.NotebookNode:
     return nbformat.read(_build().master_path("ch02"), as_version=4)
 
 
@@ -1130,6 +1111,21 @@ except Exception as exc:
 def sdpa(q, k, v, mask=None):
     return _ns["f"](q, k, v, mask)
 """, "replace", "q1a"),
+    # each part graded on its own: q3a's mha_loop calls this sdpa, which is wrong unless it finds q1a's
+    # reference answer; the runner gets that only once the judge holds q1a's results (q3a's cell: the fixture)
+    "reference_of_its_own_part": ("""
+import gc
+def sdpa(q, k, v, mask=None):
+    for obj in gc.get_objects():
+        code = getattr(obj, "__code__", None)
+        if getattr(code, "co_filename", "").startswith("<reference") and obj.__name__ == "sdpa":
+            return obj(q, k, v, mask)
+    s = q @ k.transpose(-2, -1) / q.shape[-1]
+    if mask is not None:
+        s = s.masked_fill(~mask, float('-inf'))
+    w = torch.nan_to_num(torch.softmax(s, -1))
+    return w @ v, w
+""", "replace", "q1a"),
     "huge_output_from_a_tiny_storage": ("""
 class _Scalar:
     dtype, ndim = torch.float32, 0
@@ -1141,11 +1137,10 @@ def sdpa(q, k, v, mask=None):
 }
 
 
-@pytest.fixture(scope="module")
-def attack_run(ch02, tmp_path_factory):
-    """One grading run (two jobs) over the control notebook and every attack."""
-    built, _ = ch02
-    tmp = tmp_path_factory.mktemp("attacks")
+def _attack_run(built, tmp: Path) -> dict:
+    """grade.py (two jobs) over the control notebook and every attack, in ``tmp``: its results as JSON data."""
+    import hashlib
+
     subs = tmp / "submissions"
     subs.mkdir()
     zip_path = tmp / "hidden" / "ch02-autograder.zip"
@@ -1154,12 +1149,14 @@ def attack_run(ch02, tmp_path_factory):
     sentinel = tmp / "sentinel.txt"
     sentinel.write_text("untouched\n")
     os.chmod(sentinel, 0o644)
-    base = _solution_notebook(ch02)
+    base = _solution_notebook(None)
     nbformat.write(base, subs / "control.ipynb")
     for name, (source, how, _) in ATTACKS.items():
         source = source.replace("SENTINEL", repr(str(sentinel))).replace("AUTOGRADER", repr(str(zip_path)))
         source = source.replace("GIT", repr(str(ROOT / ".git")))
         nb = _with_cell(base, source, replace="def sdpa") if how == "replace" else _with_cell(base, source, before="def sdpa")
+        if name == "reference_of_its_own_part":
+            nb = _with_cell(nb, MHA_LOOP_CALLS_SDPA, replace="def mha_loop")
         nbformat.write(nb, subs / f"{name}.ipynb")
     before = {p: p.read_bytes() for p in (zip_path, sentinel)}
     out = tmp / "grades.csv"
@@ -1175,7 +1172,32 @@ def attack_run(ch02, tmp_path_factory):
     leftovers = [line.split()[0] for line in runners if str(judge_tmp.resolve()) in line]
     rows = {row["file"].removesuffix(".ipynb"): row for row in csv.DictReader(out.open(encoding="utf-8"))} \
         if out.exists() else {}
-    return {"proc": proc, "rows": rows, "before": before, "leftovers": leftovers, "feedback": tmp / "feedback"}
+    return {"proc": {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}, "rows": rows,
+            "before": {str(path): hashlib.sha256(data).hexdigest() for path, data in before.items()},
+            "leftovers": leftovers, "feedback": str(tmp / "feedback")}
+
+
+@pytest.fixture(scope="module")
+def attack_run(ch02, tmp_path_factory):
+    """One grading run over the control notebook and every attack, shared by all pytest-xdist workers of
+    a session: the first worker that needs it runs it (a file lock), the others read its results (each
+    worker would otherwise start its own run of 28 sandboxed submissions)."""
+    import fcntl
+    import json
+    import types
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, result = shared / "xfam_attack_run", shared / "xfam_attack_run" / "result.json"
+    with open(shared / "xfam_attack_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.is_file():
+            folder.mkdir(exist_ok=True)
+            result.write_text(json.dumps(_attack_run(ch02[0], folder)), encoding="utf-8")
+    run = json.loads(result.read_text(encoding="utf-8"))
+    run["proc"] = types.SimpleNamespace(**run["proc"])
+    run["feedback"] = Path(run["feedback"])
+    return run
 
 
 def _points(row: dict, part: str) -> str:
@@ -1188,8 +1210,10 @@ def test_the_grading_run_finishes_and_leaves_nothing_behind(attack_run):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert set(attack_run["rows"]) == {"control", *ATTACKS}, attack_run["rows"].keys()
     assert attack_run["leftovers"] == [], f"runner processes left behind: {attack_run['leftovers']}"
-    for path, data in attack_run["before"].items():
-        assert path.read_bytes() == data, f"{path} was changed by a submission"
+    import hashlib
+
+    for path, digest in attack_run["before"].items():
+        assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest, f"{path} was changed by a submission"
     control = attack_run["rows"]["control"]
     parts = [q.name for q in _build().parse_master(_build().master_path("ch02"))]
     assert all(_points(control, p) != "0" for p in parts) and not control["message"] and not control["flags"], control
@@ -1231,6 +1255,9 @@ def test_an_attack_scores_nothing_on_its_part_or_is_flagged(attack, attack_run):
     if attack == "huge_output_from_a_tiny_storage":              # refused in the runner, in little time
         seconds = re.search(rf"^{attack}.ipynb: .* in ([\d.]+) s", attack_run["proc"].stdout, flags=re.M)
         assert "got an object of type _Scalar" in row["q1a why"] and seconds and float(seconds.group(1)) < 60, row
+    if attack == "reference_of_its_own_part":              # q3a calls the wrong sdpa: checked with q1a's reference
+        assert _points(row, "q3a") == re.search(r"q3a \(max (\S+)\)", " ".join(row)).group(1), row
+        assert "raised in" not in row["q3a why"] and not row["q3a why"], row
     if attack == "forged_reply":                           # contained: this submission only (the run went on)
         assert row["total"] == "0" and "grading stopped" in row["message"] and "violations" in row["message"], row
 

@@ -293,7 +293,7 @@ class Judge:
                     elif kind == "cell error":
                         cell_errors[message["index"]] = message["error"][:300]
                     elif kind == "tasks":
-                        stage = "checks"
+                        current, stage = 0, "checks"      # from here `current` counts checks, not cells
                     elif kind == "flags":
                         flags += [f for f in message["flags"] if f not in flags and len(flags) < 60]
                     elif kind == "task":
