@@ -456,14 +456,22 @@ def judge_config(chapter: str, questions: list[Question], library: list[str] = (
     (with the modules every notebook may use, `xfam_grading.scanner.LIBRARY_ALWAYS`). Each part's
     ``off_limits`` are the master's names; ``implied_off_limits`` closes them under the library's own
     calls (`xfam_grading.guard.implied_off_limits`: every library function or class that calls one of
-    them, except the names the notebook was given).
+    them, except the names the notebook was given). Each part is graded on its own: ``answers`` names
+    what each part's answer defines and ``references`` holds the master's answer cells of each part,
+    which the judge hands to the runner once that part's checks have run, so that a later part that
+    calls it (ch03 q1b calling q1a's ``qk_variance``) is checked with the reference, not with the
+    student's (`xfam_grading.runner.References`). Neither goes into the student's ``grading.json``.
     """
     from xfam_grading.guard import implied_off_limits
 
     off_limits = {q.name: q.off_limits for q in questions if q.off_limits}
     return {"chapter": chapter, "release": release(), "setup_cell": setup_cell_source(chapter),
             "off_limits": off_limits, "implied_off_limits": implied_off_limits(off_limits, list(library)),
-            "library": list(library)}
+            "library": list(library), "answers": {q.name: answer_names(q) for q in questions},
+            "references": {q.name: "\n\n".join(q.answers) for q in questions}}
+
+
+HIDDEN_CONFIG = ("answers", "references")     # judge_config keys only the autograder holds (the master's answers)
 
 
 # ----------------------------------------------------------------------------- the student notebook
@@ -636,7 +644,8 @@ def assign(chapter: str, out_dir: Path, master: Path | None = None) -> Built:
     cells = program_cells(student_nb, chapter)
     config = judge_config(chapter, questions, library_imports(cells))
     _finish_zip(zip_path, out_dir / "autograder", config, imports_triton(cells))
-    student_config = dict(config, parts=[q.name for q in questions])          # for grader.check's off-limits scan
+    student_config = {k: v for k, v in config.items() if k not in HIDDEN_CONFIG}   # for grader.check's off-limits scan
+    student_config["parts"] = [q.name for q in questions]
     (out_dir / "student" / "tests" / CONFIG_FILE).write_text(json.dumps(student_config, indent=1) + "\n",
                                                               encoding="utf-8")
     Judge(out_dir / "autograder" / "tests", config, isolation="basic")   # every check builds its cases and reference

@@ -11,6 +11,10 @@ scaled down until its text is too small to read); no visible code cell has lines
 column, whose width in characters is measured and printed (tests/test_notebook_hygiene.py's
 CODE_COLUMN must not exceed it). Writes a JUnit report so `make test` can count
 the checks. Without chromium the check is skipped, except under CI.
+
+Before the browser, without it: every chapter link of the exercises' student notebooks resolves
+against the built book (`exercise_link_problems`: the page, the anchor's id, the numbered section
+it is shown as), reported as a second JUnit file (``html-links.xml``).
 """
 from __future__ import annotations
 
@@ -132,6 +136,98 @@ def check_page(dom: str, page: Path, *, chapter: bool, maths: bool = True,
     return problems
 
 
+# ----------------------------------------------------------------------------- exercise links, against the built book
+def _exercises_build():
+    """exercises/build.py (where the exercise links are made: `chapter_url`)."""
+    import importlib.util
+
+    name = "xfam_exercises_build"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "exercises" / "build.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def exercise_links(notebook: Path) -> list[tuple[str, str]]:
+    """``(text, target)`` of every Markdown link of a notebook."""
+    import json
+
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return re.findall(r"\[([^\]]+)\]\(([^)\s]+)\)", text)
+
+
+def _section_heading(page_html: str, anchor: str) -> str | None:
+    """The text of the heading that the element with id ``anchor`` of a built page starts with ('' if it has
+    none), or None if no element has that id."""
+    match = re.search(rf'<(\w+)[^>]*\bid="{re.escape(anchor)}"[^>]*>(.*?)</h\d>', page_html, flags=re.S)
+    if match is None:
+        return None if f'id="{anchor}"' not in page_html else ""
+    heading = re.search(r"<h\d[^>]*>(.*)", match.group(2), flags=re.S)
+    text = re.sub(r"<a class=\"headerlink\".*?</a>", "", heading.group(1) if heading else "", flags=re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())
+
+
+def exercise_link_problems(built: Path, notebooks: list[Path]) -> list[str]:
+    """What is wrong with the chapter links of the student notebooks, resolved against the built book ``built``
+    (``_build/html``).
+
+    A link to a chapter is the published page (``html: baseurl:`` of `_config.yml`) or, while the
+    book has none, the chapter notebook on GitHub at the release tag (`build.chapter_url`); any other
+    link into the repository (a relative one, another branch) is dead where students are. Each is
+    mapped back to the built page of its chapter, which must exist; its anchor must be an id on that
+    page (a GitHub anchor is first mapped to the heading of the chapter GitHub gives it, then to
+    the id the book build gives that heading), and a link shown as a numbered section (``7.2 Local
+    attention``) must land on the heading of that section.
+    """
+    build = _exercises_build()
+    github = f"{build.repository_url()}/blob/{build.release()}/chapters/"
+    book = f"{build.book_url()}/chapters/" if build.book_url() else None
+    problems, pages = [], {}
+    for notebook in notebooks:
+        for text, target in exercise_links(notebook):
+            if "chapters/" not in target or target.startswith("https://colab.research.google.com/"):
+                continue
+            page, _, anchor = target.partition("#")
+            where = f"{notebook.name}: [{text}]({target})"
+            if book and page.startswith(book) and page.endswith(".html"):
+                name, sphinx = page[len(book):], anchor
+            elif not book and page.startswith(github) and page.endswith(".ipynb"):
+                name = page[len(github):].removesuffix(".ipynb") + ".html"
+                titles = [title for _, title, _, _ in build.chapter_sections(page[len(github):])
+                          if build.github_anchor(title) == anchor] if anchor else []
+                if anchor and not titles:
+                    problems.append(f"{where}: no heading of the chapter has the GitHub anchor #{anchor}")
+                    continue
+                sphinx = build._sphinx_anchor(titles[0]) if titles else ""
+            else:
+                problems.append(f"{where}: neither the published book nor the chapter on GitHub at "
+                                f"{build.release()}, so it does not open where students read")
+                continue
+            path = built / "chapters" / name
+            if not path.is_file():
+                problems.append(f"{where}: the built book has no page chapters/{name}")
+                continue
+            if path not in pages:
+                pages[path] = path.read_text(encoding="utf-8")
+            if not sphinx:
+                continue
+            heading = _section_heading(pages[path], sphinx)
+            if heading is None:
+                problems.append(f"{where}: chapters/{name} has no id {sphinx!r}")
+                continue
+            number = re.match(r"(\d+\.\d+) ", text)
+            if number and not heading.startswith(number.group(1) + " "):
+                problems.append(f"{where}: #{sphinx} is the section {heading!r}, not {number.group(1)}")
+    return problems
+
+
+def student_notebooks() -> list[Path]:
+    return sorted((ROOT / "exercises").glob("ch[0-9][0-9]/student/ch[0-9][0-9]_exercises.ipynb"))
+
+
 def no_browser(junitxml: Path | None, *, required: bool) -> int:
     """Without chromium: a failure under CI (``CI`` set, as `.ci/run` does), else a reported skip."""
     hint = "install Debian's chromium package (apt-get install chromium)"
@@ -148,13 +244,37 @@ def no_browser(junitxml: Path | None, *, required: bool) -> int:
     return 0
 
 
+def check_exercise_links(junitxml: Path | None) -> int:
+    """`exercise_link_problems` on the built book, printed and as a JUnit report (``junitxml`` with ``links``
+    before its suffix); 1 if a link fails."""
+    notebooks = student_notebooks()
+    problems = exercise_link_problems(HTML, notebooks)
+    count = sum(len(exercise_links(nb)) for nb in notebooks)
+    print(f"exercise links: {count} links of {len(notebooks)} student notebooks resolved against {HTML}: "
+          + ("ok" if not problems else f"{len(problems)} FAILED"))
+    for problem in problems:
+        print(f"  {problem}")
+    if junitxml:
+        suite = ET.Element("testsuite", name="exercise links", tests="1", failures=str(int(bool(problems))))
+        case = ET.SubElement(suite, "testcase", classname="html", name="exercise links")
+        if problems:
+            ET.SubElement(case, "failure", message="; ".join(problems)[:4000])
+        junitxml.parent.mkdir(parents=True, exist_ok=True)
+        ET.ElementTree(suite).write(junitxml.with_name(junitxml.stem + "-links" + junitxml.suffix))
+    return 1 if problems else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--junitxml", type=Path)
     args = parser.parse_args()
+    if not (HTML / "index.html").is_file():
+        print(f"no built book under {HTML}: run `make book` first")
+        return 1
+    links = check_exercise_links(args.junitxml)       # needs no browser
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
-        return no_browser(args.junitxml, required=bool(os.environ.get("CI")))
+        return no_browser(args.junitxml, required=bool(os.environ.get("CI"))) or links
     pages = [(HTML / "index.html", False)]
     pages += [(p, True) for p in sorted((HTML / "chapters").glob("*.html"))]
     pages += [(p, False) for p in sorted((HTML / "book").glob("*.html"))]
@@ -189,7 +309,7 @@ def main() -> int:
     if args.junitxml:
         args.junitxml.parent.mkdir(parents=True, exist_ok=True)
         ET.ElementTree(suite).write(args.junitxml)
-    return 1 if failures else 0
+    return 1 if failures or links else 0
 
 
 if __name__ == "__main__":

@@ -272,6 +272,10 @@ def _resolve(link: str) -> None:
 QUESTION_SECTIONS = {            # sections a reader of the question needs, checked by hand against the chapters
     ("ch07", 2): ["7.2"], ("ch10", 2): ["10.2"], ("ch10", 4): ["10.7", "10.8"], ("ch08", 1): ["8.6"],
     ("ch08", 4): ["8.9"], ("ch08", 6): ["8.8"],
+    # chapter 5: Transformer-XL's memory and its mask (5.2), the Compressive Transformer (5.3), kNN-LM
+    # (5.4), Titans (5.7), the Memorizing Transformer (5.6)
+    ("ch05", 1): ["5.2"], ("ch05", 2): ["5.3"], ("ch05", 3): ["5.4"], ("ch05", 4): ["5.7"], ("ch05", 5): ["5.2"],
+    ("ch05", 6): ["5.6"],
 }
 
 
@@ -281,6 +285,54 @@ def test_a_question_links_to_the_section_it_is_about(chapter, number, built):
     cell = next(c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith(f"## Question {number}."))
     shown = re.findall(r"In the chapter: (.*)", cell)[0]
     assert re.findall(r"\[(\d+\.\d+) ", shown) == QUESTION_SECTIONS[chapter, number], shown
+
+
+def _check_html():
+    return _load("xfam_check_html", ROOT / "scripts" / "check_html.py")
+
+
+def _fake_book(folder: Path, notebooks: list[str], drop: str = "") -> Path:
+    """A built book with only ``notebooks``' pages: each heading in a ``<section>`` whose id the book build
+    gives it (as Jupyter Book's HTML has it), except the section titled ``drop``."""
+    for notebook in notebooks:
+        sections = "".join(f'<section id="{anchor}">\n<h{level}>{title}<a class="headerlink" href="#{anchor}" '
+                           f'title="Link to this heading">#</a></h{level}>\n<p>text</p>\n'
+                           for level, title, anchor, _ in build.chapter_sections(notebook) if title != drop)
+        page = folder / "chapters" / notebook.replace(".ipynb", ".html")
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(f"<html><body>{sections}</body></html>", encoding="utf-8")
+    return folder
+
+
+def test_the_exercise_link_check_resolves_pages_anchors_and_sections(tmp_path):
+    """scripts/check_html.py's check of the exercise links on a built book (here a fake one of chapter 7's
+    page): the student notebook's links resolve; a page or an anchor the book lacks, a link shown as
+    another section than it lands on, and a link that does not open where students read are named."""
+    check = _check_html()
+    chapter = "07_sparse_attention.ipynb"
+    student = ROOT / "exercises" / "ch07" / "student" / "ch07_exercises.ipynb"
+    assert check.exercise_links(student)
+    assert check.exercise_link_problems(_fake_book(tmp_path / "good", [chapter]), [student]) == []
+    title = next(t for _, t, _, _ in build.chapter_sections(chapter) if t.startswith("7.2 "))
+    problems = check.exercise_link_problems(_fake_book(tmp_path / "dropped", [chapter], drop=title), [student])
+    assert problems and all(f"no id {build._sphinx_anchor(title)!r}" in p for p in problems), problems
+    assert check.exercise_link_problems(tmp_path / "empty", [student])[0].endswith(
+        "the built book has no page chapters/07_sparse_attention.html")
+    other = next(t for _, t, _, _ in build.chapter_sections(chapter) if t.startswith("7.3 "))
+    bad = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        f"[{other}]({build.chapter_url(chapter, title)}) [Chapter 7](../../chapters/{chapter}) "
+        f"[7.2]({build.repository_url()}/blob/main/chapters/{chapter})")])
+    nbformat.write(bad, tmp_path / "bad.ipynb")
+    problems = check.exercise_link_problems(tmp_path / "good", [tmp_path / "bad.ipynb"])
+    assert len(problems) == 3, problems
+    assert f"is the section {title!r}, not 7.3" in problems[0], problems
+    assert all("does not open where students read" in p for p in problems[1:]), problems
+
+
+@pytest.mark.skipif(not (ROOT / "_build" / "html" / "index.html").is_file(), reason="no built book (make book)")
+def test_every_exercise_link_resolves_against_the_built_book():
+    check = _check_html()
+    assert check.exercise_link_problems(ROOT / "_build" / "html", check.student_notebooks()) == []
 
 
 def test_chapter_links_follow_where_the_book_is_published(monkeypatch):
@@ -358,9 +410,42 @@ def test_a_stub_costs_only_its_own_part(chapter, built, judge):
 
 
 CALLS_ANOTHER_PART = {          # a right answer that calls another part's answer, as the prompts invite
+    # (chapter, part, the name it calls, that name's part): the answer (None: the master's own calls it)
+    ("ch01", "q4b", "shift_right", "q4a"): (
+        "def teacher_forcing_loss(model, src, tgt, bos_id):\n"
+        "    logits = model(src, shift_right(tgt, bos_id))\n"
+        "    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))\n"),
+    ("ch01", "q4c", "shift_right", "q4a"): (
+        "def sequential_loss(model, src, tgt, bos_id):\n"
+        "    tgt_in = shift_right(tgt, bos_id)\n"
+        "    losses = [F.cross_entropy(model(src, tgt_in[:, :t + 1])[:, -1], tgt[:, t], reduction='none')\n"
+        "              for t in range(tgt.shape[1])]\n"
+        "    return torch.stack(losses, dim=1).mean()\n"),
+    ("ch02", "q3b", "sdpa", "q1a"): (
+        "def mha_reshape(x, W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, n_heads, mask=None):\n"
+        "    b, length, d = x.shape\n"
+        "    def split(t):\n"
+        "        return t.view(b, length, n_heads, d // n_heads).transpose(1, 2)\n"
+        "    heads = sdpa(split(x @ W_q + b_q), split(x @ W_k + b_k), split(x @ W_v + b_v), mask)[0]\n"
+        "    return heads.transpose(1, 2).reshape(b, length, d) @ W_o + b_o\n"),
+    ("ch02", "q3a", "sdpa", "q1a"): (
+        "def mha_loop(x, W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, n_heads, mask=None):\n"
+        "    d_h = x.shape[-1] // n_heads\n"
+        "    heads = []\n"
+        "    for h in range(n_heads):\n"
+        "        c = slice(h * d_h, (h + 1) * d_h)\n"
+        "        heads.append(sdpa(x @ W_q[:, c] + b_q[c], x @ W_k[:, c] + b_k[c], x @ W_v[:, c] + b_v[c], mask)[0])\n"
+        "    return torch.cat(heads, dim=-1) @ W_o + b_o\n"),
     ("ch03", "q1b", "qk_variance", "q1a"): (
         "def scaled_variance(d_k, alpha, mean=0.0, var=1.0):\n"
         "    return qk_variance(d_k, mean, var) / float(d_k) ** (2 * alpha)\n"),
+    ("ch03", "q3b", "logn_factor", "q3a"): (
+        "def logn_attention(q, k, v, train_len):\n"
+        "    scale = logn_factor(k.shape[-2], train_len) / math.sqrt(q.shape[-1])\n"
+        "    return torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v\n"),
+    ("ch03", "q4b", "kv_cache_bytes", "q4a"): (
+        "def max_context(memory_bytes, n_layers, n_kv_heads, d_head, batch=1, bytes_per_element=2):\n"
+        "    return memory_bytes // kv_cache_bytes(n_layers, n_kv_heads, d_head, 1, batch, bytes_per_element)\n"),
     ("ch03", "q5b", "repeat_kv", "q5a"): (
         "def gqa_attention(q, k, v, causal=False):\n"
         "    n_rep = q.shape[1] // k.shape[1]\n"
@@ -371,23 +456,68 @@ CALLS_ANOTHER_PART = {          # a right answer that calls another part's answe
         "        allowed = torch.arange(lk) <= torch.arange(lq).unsqueeze(-1) + (lk - lq)\n"
         "        scores = scores.masked_fill(~allowed, float('-inf'))\n"
         "    return torch.softmax(scores, dim=-1) @ v\n"),
+    ("ch04", "q3b", "alibi_slopes", "q3a"): None,
+    ("ch04", "q5b", "da_weight", "q5a"): None,
 }
 
 
+def test_every_part_a_prompt_invites_to_call_is_in_the_proofs():
+    """Each "you may call your `name`" (or "use your") of a part's prompt, or of its question's shared text
+    (``## Question N.``), that names an earlier part's answer is a pair of `CALLS_ANOTHER_PART`."""
+    invite = r"\bmay (?:call|use) your `(\w+)`"
+    invited = set()
+    for chapter in CHAPTERS:
+        questions = QUESTIONS[chapter]
+        owner = {name: q.name for q in questions for name in build.answer_names(q)}
+        order = [q.name for q in questions]
+        shared = {}
+        for cell in nbformat.read(build.master_path(chapter), as_version=4).cells:
+            heading = re.match(r"## Question (\d+)\.", cell.source) if cell.cell_type == "markdown" else None
+            if heading:
+                shared[f"q{heading.group(1)}"] = cell.source
+        for q in questions:
+            for name in re.findall(invite, (q.prompt + shared.get(q.group, "")).replace("\n", " ")):
+                if name in owner and order.index(owner[name]) < order.index(q.name):
+                    invited.add((chapter, q.name, name, owner[name]))
+    assert invited and invited <= set(CALLS_ANOTHER_PART), sorted(invited - set(CALLS_ANOTHER_PART))
+
+
+def _calling_answer(chapter: str, part: str, env: dict) -> None:
+    """Put the right answer of ``part`` that calls another part's name into ``env`` (its globals)."""
+    source = CALLS_ANOTHER_PART[next(key for key in CALLS_ANOTHER_PART if key[:2] == (chapter, part))]
+    if source is None:
+        source = "\n\n".join(_question(chapter, part).answers)
+    exec(compile(source, f"<{chapter} {part} cell>", "exec"), env)
+
+
 @pytest.mark.parametrize("chapter, part, callee, callee_part", list(CALLS_ANOTHER_PART))
-def test_a_part_that_calls_another_parts_stub_is_attempted_and_says_where_it_raised(
-        chapter, part, callee, callee_part, built, judge):
-    """A written part whose answer calls another part's stub is attempted, and its why column names the
-    part the error came from; with the other part written it earns all its points."""
+def test_a_part_that_calls_another_part_is_graded_on_its_own(chapter, part, callee, callee_part, built, judge):
+    """A right part that calls another part's answer earns all its points whatever that answer is: the
+    stub (the part is attempted), or every wrong answer of that part, which raises nothing (the judge
+    checks it with the other part's reference). Without the references (an older autograder) the stub's
+    error costs it, and its why column names the part the error came from."""
+    j = judge(chapter)
     env = namespace(chapter, "stub", built)
-    exec(compile(CALLS_ANOTHER_PART[chapter, part, callee, callee_part], f"<{chapter} {part} cell>", "exec"), env)
-    verdict = judge(chapter).grade_namespace(env, [part]).questions[part]
-    why = verdict.message()
-    assert verdict.score == 0 and verdict.attempted, (verdict.score, why)
-    assert f"raised in {callee} ({callee_part})" in why, why
-    env[callee] = namespace(chapter, "solution", built)[callee]
-    verdict = judge(chapter).grade_namespace(env, [part]).questions[part]
-    assert verdict.score == verdict.possible > 0, verdict.message()
+    _calling_answer(chapter, part, env)
+    verdict = j.grade_namespace(env, [part]).questions[part]
+    assert verdict.score == verdict.possible > 0 and verdict.attempted, verdict.message()
+    for variant, (replacements, _) in wrong_answers(chapter).WRONG_ANSWERS[callee_part].items():
+        env = namespace(chapter, "solution", built)
+        env.update(replacements)
+        _calling_answer(chapter, part, env)
+        report = j.grade_namespace(env, [callee_part, part])
+        assert report.questions[callee_part].score == 0, variant
+        assert report.questions[part].score == report.questions[part].possible, (variant, report.questions[part].message())
+    env = namespace(chapter, "stub", built)
+    _calling_answer(chapter, part, env)
+    saved, j.references = j.references, {}
+    try:
+        verdict = j.grade_namespace(env, [part]).questions[part]
+    finally:
+        j.references = saved
+    assert verdict.score == 0 and verdict.attempted, verdict.message()
+    assert f"raised in {callee} ({callee_part})" in verdict.message(), verdict.message()
+
 
 def _off_limits_cases():
     """(chapter, part, an off-limits callable): a module entry stands for its first public member."""

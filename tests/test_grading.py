@@ -12,7 +12,11 @@
   time), a memory bomb, a fork bomb, filling the disk, ``sys.exit`` and ``os._exit``, an endless
   loop that ignores the time limit, writing to the tests and the autograder, the network.
   Each scores 0 on the part it attacks or is flagged, the control gets full marks, the run
-  finishes, files outside the sandbox are unchanged and no process is left behind.
+  finishes, files outside the sandbox are unchanged and no process is left behind. The run is
+  made once per session, however many pytest-xdist workers run these tests.
+* Each part is graded on its own: a right part that calls a wrong earlier part keeps its points
+  (ch03 q1b, ch02 q3a), a wrong one still loses them, and in the sandboxed runner a part's own
+  checks cannot reach its reference answer.
 * The autograder zip's otter plugin grades under ``otter run`` as the judge does.
 """
 from __future__ import annotations
@@ -702,6 +706,80 @@ def test_the_why_column_holds_no_hidden_case_and_names_the_part_an_error_came_fr
     assert "raised in sdpa (q1a)" in judge._raised_elsewhere("[x] 2 of 2 cases fail", stub_elsewhere, "q1b")
 
 
+# ----------------------------------------------------------------------------- each part graded on its own
+@pytest.fixture(scope="module")
+def ch03(tmp_path_factory):
+    """Chapter 3's autograder (built into a temporary folder) and its judge."""
+    from xfam_grading import Judge
+
+    built = _build().assign("ch03", tmp_path_factory.mktemp("ch03") / "out")
+    return built, Judge.from_autograder(built.zip_path)
+
+
+def _master_names(chapter: str, **answers: str) -> dict:
+    """The globals of a chapter master's answers, with some answers replaced by the code in ``answers``."""
+    env = {"__name__": f"xfam_{chapter}_submission"}
+    for source in _build().program_cells(_build().master_path(chapter), chapter):
+        exec(compile(source, f"<{chapter} master>", "exec"), env)
+    for part, source in answers.items():
+        exec(compile(source, f"<{chapter} {part} cell>", "exec"), env)
+    return env
+
+
+WRONG_QK_VARIANCE = "def qk_variance(d_k, mean=0.0, var=1.0):\n    return float(d_k * var * var)\n"   # no mean term
+SCALED_VARIANCE_CALLS_Q1A = ("def scaled_variance(d_k, alpha, mean=0.0, var=1.0):\n"
+                             "    return qk_variance(d_k, mean, var) / float(d_k) ** (2 * alpha)\n")
+SCALED_VARIANCE_ALPHA_ONCE = ("def scaled_variance(d_k, alpha, mean=0.0, var=1.0):\n"     # wrong: d_k ** alpha
+                              "    return qk_variance(d_k, mean, var) / float(d_k) ** alpha\n")
+MHA_LOOP_CALLS_SDPA = """
+def mha_loop(x, W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, n_heads, mask=None):
+    d_h = x.shape[-1] // n_heads
+    heads = []
+    for h in range(n_heads):
+        cols = slice(h * d_h, (h + 1) * d_h)
+        out, _ = sdpa(x @ W_q[:, cols] + b_q[cols], x @ W_k[:, cols] + b_k[cols], x @ W_v[:, cols] + b_v[cols], mask)
+        heads.append(out)
+    return torch.cat(heads, dim=-1) @ W_o + b_o
+"""
+
+
+def _points_of(report) -> dict[str, tuple[float, float]]:
+    return {name: (q.score, q.possible) for name, q in report.questions.items()}
+
+
+def test_a_right_part_that_calls_a_wrong_earlier_part_earns_its_points(ch03):
+    """ch03 q1b (`scaled_variance`, which may call q1a's `qk_variance`) is checked with the reference
+    `qk_variance`: a right q1b beside a wrong q1a that raises nothing keeps its points, q1a loses its own."""
+    _, judge = ch03
+    env = _master_names("ch03", q1a=WRONG_QK_VARIANCE, q1b=SCALED_VARIANCE_CALLS_Q1A)
+    points = _points_of(judge.grade_namespace(env, ["q1a", "q1b"]))
+    assert points["q1a"][0] == 0 < points["q1a"][1], points
+    assert points["q1b"][0] == points["q1b"][1] > 0, points
+    with pytest.raises(AssertionError):           # what the reference replaced: this q1b with this q1a is wrong
+        assert env["scaled_variance"](5, 0.5, 1.0, 1.0) == pytest.approx(3.0)
+
+
+def test_a_wrong_part_that_calls_a_right_earlier_part_still_loses_its_points(ch03):
+    _, judge = ch03
+    env = _master_names("ch03", q1b=SCALED_VARIANCE_ALPHA_ONCE)
+    report = judge.grade_namespace(env, ["q1a", "q1b"])
+    points = _points_of(report)
+    assert points["q1a"][0] == points["q1a"][1] > 0 and points["q1b"][0] == 0 < points["q1b"][1], points
+    assert report.questions["q1b"].attempted
+
+
+def test_a_part_of_another_chapter_that_calls_an_earlier_part_is_graded_on_its_own(ch02):
+    """ch02 q3a (`mha_loop`, which may use Question 1's `sdpa`) beside a wrong `sdpa` (scaled by d, not √d)."""
+    _, judge = ch02
+    env = _master_names("ch02", q1a=WRONG_SDPA, q3a=MHA_LOOP_CALLS_SDPA)
+    points = _points_of(judge.grade_namespace(env, ["q1a", "q3a"]))
+    assert points["q1a"][0] == 0 < points["q1a"][1] and points["q3a"][0] == points["q3a"][1] > 0, points
+    wrong_loop = MHA_LOOP_CALLS_SDPA.replace("@ W_o + b_o", "@ W_o")          # forgets the output bias
+    env = _master_names("ch02", q3a=wrong_loop)
+    points = _points_of(judge.grade_namespace(env, ["q1a", "q3a"]))
+    assert points["q1a"][0] == points["q1a"][1] > 0 and points["q3a"][0] == 0, points
+
+
 ISOLATION_PROBE = """
 import glob, os
 seen = []
@@ -709,6 +787,8 @@ for path in [REPOSITORY + "/.git/HEAD", MASTER, CLASSMATE, SUBMISSIONS]:
     if os.path.exists(path):
         seen.append(path)
 for path in glob.glob("/proc/[0-9]*/cmdline"):
+    if path == f"/proc/{os.getpid()}/cmdline":              # this process: its own command line is no leak
+        continue
     if b"grade" in open(path, "rb").read() or b"pytest" in open(path, "rb").read():
         seen.append(path)
 for path in [CLASSMATE, LIBRARY, REPOSITORY + "/pyproject.toml", "/usr/lib/os-release"]:
@@ -771,7 +851,7 @@ def test_without_a_sandbox_the_judge_must_be_told(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- attacks, end to end
-def _solution_notebook(ch02) -> nbformat.NotebookNode:
+def _solution_notebook(ch02=None) -> nbformat.NotebookNode:
     return nbformat.read(_build().master_path("ch02"), as_version=4)
 
 
@@ -1031,6 +1111,21 @@ except Exception as exc:
 def sdpa(q, k, v, mask=None):
     return _ns["f"](q, k, v, mask)
 """, "replace", "q1a"),
+    # each part graded on its own: q3a's mha_loop calls this sdpa, which is wrong unless it finds q1a's
+    # reference answer; the runner gets that only once the judge holds q1a's results (q3a's cell: the fixture)
+    "reference_of_its_own_part": ("""
+import gc
+def sdpa(q, k, v, mask=None):
+    for obj in gc.get_objects():
+        code = getattr(obj, "__code__", None)
+        if getattr(code, "co_filename", "").startswith("<reference") and obj.__name__ == "sdpa":
+            return obj(q, k, v, mask)
+    s = q @ k.transpose(-2, -1) / q.shape[-1]
+    if mask is not None:
+        s = s.masked_fill(~mask, float('-inf'))
+    w = torch.nan_to_num(torch.softmax(s, -1))
+    return w @ v, w
+""", "replace", "q1a"),
     "huge_output_from_a_tiny_storage": ("""
 class _Scalar:
     dtype, ndim = torch.float32, 0
@@ -1042,11 +1137,10 @@ def sdpa(q, k, v, mask=None):
 }
 
 
-@pytest.fixture(scope="module")
-def attack_run(ch02, tmp_path_factory):
-    """One grading run (two jobs) over the control notebook and every attack."""
-    built, _ = ch02
-    tmp = tmp_path_factory.mktemp("attacks")
+def _attack_run(built, tmp: Path) -> dict:
+    """grade.py (two jobs) over the control notebook and every attack, in ``tmp``: its results as JSON data."""
+    import hashlib
+
     subs = tmp / "submissions"
     subs.mkdir()
     zip_path = tmp / "hidden" / "ch02-autograder.zip"
@@ -1055,12 +1149,14 @@ def attack_run(ch02, tmp_path_factory):
     sentinel = tmp / "sentinel.txt"
     sentinel.write_text("untouched\n")
     os.chmod(sentinel, 0o644)
-    base = _solution_notebook(ch02)
+    base = _solution_notebook(None)
     nbformat.write(base, subs / "control.ipynb")
     for name, (source, how, _) in ATTACKS.items():
         source = source.replace("SENTINEL", repr(str(sentinel))).replace("AUTOGRADER", repr(str(zip_path)))
         source = source.replace("GIT", repr(str(ROOT / ".git")))
         nb = _with_cell(base, source, replace="def sdpa") if how == "replace" else _with_cell(base, source, before="def sdpa")
+        if name == "reference_of_its_own_part":
+            nb = _with_cell(nb, MHA_LOOP_CALLS_SDPA, replace="def mha_loop")
         nbformat.write(nb, subs / f"{name}.ipynb")
     before = {p: p.read_bytes() for p in (zip_path, sentinel)}
     out = tmp / "grades.csv"
@@ -1076,7 +1172,32 @@ def attack_run(ch02, tmp_path_factory):
     leftovers = [line.split()[0] for line in runners if str(judge_tmp.resolve()) in line]
     rows = {row["file"].removesuffix(".ipynb"): row for row in csv.DictReader(out.open(encoding="utf-8"))} \
         if out.exists() else {}
-    return {"proc": proc, "rows": rows, "before": before, "leftovers": leftovers, "feedback": tmp / "feedback"}
+    return {"proc": {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}, "rows": rows,
+            "before": {str(path): hashlib.sha256(data).hexdigest() for path, data in before.items()},
+            "leftovers": leftovers, "feedback": str(tmp / "feedback")}
+
+
+@pytest.fixture(scope="module")
+def attack_run(ch02, tmp_path_factory):
+    """One grading run over the control notebook and every attack, shared by all pytest-xdist workers of
+    a session: the first worker that needs it runs it (a file lock), the others read its results (each
+    worker would otherwise start its own run of 28 sandboxed submissions)."""
+    import fcntl
+    import json
+    import types
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, result = shared / "xfam_attack_run", shared / "xfam_attack_run" / "result.json"
+    with open(shared / "xfam_attack_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.is_file():
+            folder.mkdir(exist_ok=True)
+            result.write_text(json.dumps(_attack_run(ch02[0], folder)), encoding="utf-8")
+    run = json.loads(result.read_text(encoding="utf-8"))
+    run["proc"] = types.SimpleNamespace(**run["proc"])
+    run["feedback"] = Path(run["feedback"])
+    return run
 
 
 def _points(row: dict, part: str) -> str:
@@ -1089,8 +1210,10 @@ def test_the_grading_run_finishes_and_leaves_nothing_behind(attack_run):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert set(attack_run["rows"]) == {"control", *ATTACKS}, attack_run["rows"].keys()
     assert attack_run["leftovers"] == [], f"runner processes left behind: {attack_run['leftovers']}"
-    for path, data in attack_run["before"].items():
-        assert path.read_bytes() == data, f"{path} was changed by a submission"
+    import hashlib
+
+    for path, digest in attack_run["before"].items():
+        assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest, f"{path} was changed by a submission"
     control = attack_run["rows"]["control"]
     parts = [q.name for q in _build().parse_master(_build().master_path("ch02"))]
     assert all(_points(control, p) != "0" for p in parts) and not control["message"] and not control["flags"], control
@@ -1132,6 +1255,9 @@ def test_an_attack_scores_nothing_on_its_part_or_is_flagged(attack, attack_run):
     if attack == "huge_output_from_a_tiny_storage":              # refused in the runner, in little time
         seconds = re.search(rf"^{attack}.ipynb: .* in ([\d.]+) s", attack_run["proc"].stdout, flags=re.M)
         assert "got an object of type _Scalar" in row["q1a why"] and seconds and float(seconds.group(1)) < 60, row
+    if attack == "reference_of_its_own_part":              # q3a calls the wrong sdpa: checked with q1a's reference
+        assert _points(row, "q3a") == re.search(r"q3a \(max (\S+)\)", " ".join(row)).group(1), row
+        assert "raised in" not in row["q3a why"] and not row["q3a why"], row
     if attack == "forged_reply":                           # contained: this submission only (the run went on)
         assert row["total"] == "0" and "grading stopped" in row["message"] and "violations" in row["message"], row
 

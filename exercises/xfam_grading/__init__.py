@@ -32,9 +32,15 @@ Where a check runs
   itself, and keeps the source of each ``submission`` adapter. The student's notebook then runs
   in a separate **runner** process that receives only the notebook's code, the adapters' source
   and the inputs; it sends back the outputs as data (``torch.load(weights_only=True)``). The judge
-  compares and scores. The runner never holds a reference function, an expected value or a
+  compares and scores. The runner never holds a test's reference function, an expected value or a
   verdict, so looking through frames, the garbage collector or module namespaces finds nothing to
   copy, and patching the runner's torch, otter or this package changes nothing the judge computes.
+
+Each part is graded on its own: while a part's checks run, the names the parts before it define
+are the master's answers of those parts (`runner.References`), its own names the student's, so a
+right ``q1b`` that calls a wrong ``q1a`` keeps its points. The judge sends a part's master answer to
+the runner only once it holds every result of that part's checks, so no part's own checks can
+reach its answer.
 
 The judge trusts nothing the runner sends: every field of every message is checked (each task
 answered once, one result per case, plain data, bounded sizes), and a NaN or infinity where the

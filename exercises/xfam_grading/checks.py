@@ -193,9 +193,10 @@ _TEST_FILES: set[str] = set()      # the files of the tests that called check_ca
 
 def _student_frame_note(exc: BaseException) -> str:
     """`` (in f, line 3)`` (``EncoderLayer.forward`` for a method) for the innermost traceback frame in the student's code, if any (not the
-    grader's, the library's, torch's or a test's, e.g. a test's dispatch spy that the error passed through)."""
+    grader's, the library's, torch's, a test's, e.g. a test's dispatch spy that the error passed through, or
+    another part's reference answer)."""
     skip = (str(Path(__file__).resolve().parent), _LIBRARY, str(Path(torch.__file__).resolve().parent), sys.base_prefix,
-            sys.prefix, "<check ", *_TEST_FILES)
+            sys.prefix, "<check ", "<reference ", *_TEST_FILES)
     note, tb = "", exc.__traceback__
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename

@@ -18,7 +18,7 @@ from .channel import message_problem
 from .checks import (Task, TestSpec, _Collector, _collecting, _format_failures, _judge_case, _natural, _one_thread,
                      _Placeholder, load_test_file, missing_name_message)
 from .guard import _Guard, allowed_homes, config_off_limits, expand_off_limits, off_limits_resolver
-from .runner import _reset_torch_state, run_tasks
+from .runner import References, _reset_torch_state, run_tasks
 from .sandbox import Limits, _Runner, isolation_available
 from .scanner import NOT_ALLOWED, _cell_title, _to_python, allowlist, notebook_cell_parts, scan_cells
 
@@ -207,6 +207,10 @@ class Judge:
                     collector.current = (test.question, test.name, test.names)
                     test.func(**{n: _Placeholder(n) for n in test.names})
         self.tasks = collector.tasks
+        # each part graded on its own: the names every part's answer defines, and its reference answer
+        self.answers: dict[str, list[str]] = {q: list(self.config.get("answers", {}).get(q) or self._own_names(q))
+                                              for q in self.questions}
+        self.references: dict[str, str] = dict(self.config.get("references", {}))
         for tests in self.questions.values():
             for test in tests:
                 if not any(t.test == test.name for t in self.tasks):
@@ -269,6 +273,9 @@ class Judge:
         request = {"cells": cells, "tasks": [t.spec(self.limits.call_seconds) for t in self.tasks],
                    "off_limits": self.off_limits, "library": list(self.config.get("library", [])),
                    "cell_seconds": self.limits.cell_seconds}
+        if self.references:                    # each part graded on its own (`runner.References`)
+            request.update(parts=list(self.questions), answers=self.answers)
+        waiting = {q: {t.id for t in self.tasks if t.question == q} for q in list(self.questions)[:-1]}
         slot = self._take_slot()
         results, errors, cell_errors, tail = {}, [], {}, ""
         try:
@@ -286,12 +293,18 @@ class Judge:
                     elif kind == "cell error":
                         cell_errors[message["index"]] = message["error"][:300]
                     elif kind == "tasks":
-                        stage = "checks"
+                        current, stage = 0, "checks"      # from here `current` counts checks, not cells
                     elif kind == "flags":
                         flags += [f for f in message["flags"] if f not in flags and len(flags) < 60]
                     elif kind == "task":
                         results[message["id"]] = message
                         current = message["id"] + 1
+                        part = self.tasks[message["id"]].question
+                        if self.references and part in waiting:
+                            waiting[part].discard(message["id"])
+                            if not waiting[part]:      # every result of this part is in: now its reference
+                                del waiting[part]
+                                runner.send({"part": part, "source": self.references.get(part, "")})
                     elif kind == "done":
                         stage = "done"
             except TimeoutError:
@@ -325,8 +338,10 @@ class Judge:
             results = {}
             specs = [dict(t.spec(self.limits.call_seconds), cases=copy.deepcopy(t.cases))
                      for t in self.tasks if t.question in wanted]
+            references = References(list(self.questions), self.answers, self.references.get) \
+                if self.references else None
             with _one_thread():
-                run_tasks(specs, env, guard, lambda result: results.__setitem__(result["id"], result))
+                run_tasks(specs, env, guard, lambda result: results.__setitem__(result["id"], result), references)
         finally:
             guard.uninstall()
             _reset_torch_state()

@@ -67,11 +67,15 @@ def run_task(spec: dict, env: dict, guard: _Guard | None) -> dict:
     return {"id": spec["id"], "results": results, "violations": violations, "missing": []}
 
 
-def run_tasks(specs: list[dict], env: dict, guard: _Guard | None, report: Callable[[dict], None]) -> None:
+def run_tasks(specs: list[dict], env: dict, guard: _Guard | None, report: Callable[[dict], None],
+              references: "References | None" = None) -> None:
     """`run_task` for every check, in order; after a time-out, the part's remaining checks are not run.
 
     An endless loop would cost the time limit again in every later check of its part, and could
     use up the submission's whole time. ``report`` receives each result as soon as it is ready.
+    With ``references``, each part is graded on its own: while its checks run, the names that the
+    parts before it define resolve, in ``env``, to those parts' reference answers (`References`);
+    its own names stay the student's.
     """
     stuck: dict[str, str] = {}
     for spec in specs:
@@ -79,8 +83,10 @@ def run_tasks(specs: list[dict], env: dict, guard: _Guard | None, report: Callab
             report({"id": spec["id"], "results": [{"ok": False, "error": stuck[spec["question"]]}] * len(spec["cases"]),
                     "violations": [], "missing": []})
             continue
+        given = references.before(spec["question"], env) if references else {}
         try:
-            result = run_task(spec, env, guard)
+            with _names_in(env, given):
+                result = run_task(spec, env, guard)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:       # the adapter itself failed, e.g. the student broke torch
@@ -90,6 +96,62 @@ def run_tasks(specs: list[dict], env: dict, guard: _Guard | None, report: Callab
         if timeouts:
             stuck[spec["question"]] = timeouts[0].split(" (")[0] + " in an earlier check of this part; not run again"
         report(result)
+
+
+@contextlib.contextmanager
+def _names_in(env: dict, names: dict):
+    """``env`` with ``names`` set for the block, then as it was (a name it did not have is removed)."""
+    missing = object()
+    saved = {n: env.get(n, missing) for n in names}
+    env.update(names)
+    try:
+        yield
+    finally:
+        for n, value in saved.items():
+            if value is missing:
+                env.pop(n, None)
+            else:
+                env[n] = value
+
+
+class References:
+    """The reference answers of the parts before the one being checked, so that each part is graded on its own.
+
+    ``parts``: every part, in the order its checks run; ``answers``: the names each part's answer
+    defines; ``fetch(part)``: that part's reference answer (the master's code of its answer cells)
+    or ``None``. A part's reference is fetched only once the checks of every part up to it have
+    run (in the runner, the judge sends it only once it holds all of that part's results), and is
+    run once, in a copy of the student's namespace (its imports and given code), under the file
+    name ``<reference q1a>``. A reference that fails to run is left out: the part's names stay the
+    student's.
+    """
+
+    def __init__(self, parts: list[str], answers: dict[str, list[str]], fetch: Callable[[str], str | None]):
+        self.parts, self.answers, self.fetch = list(parts), answers, fetch
+        self.namespace: dict | None = None
+        self.done: list[str] = []                     # parts whose reference was fetched (and run)
+        self.objects: dict[str, Any] = {}             # name -> its reference object
+
+    def before(self, part: str, env: dict) -> dict[str, Any]:
+        """The reference objects of the names of the parts before ``part``, except ``part``'s own names."""
+        if part not in self.parts:
+            return {}
+        earlier = self.parts[:self.parts.index(part)]
+        for other in earlier[len(self.done):]:
+            self.done.append(other)
+            source = self.fetch(other)
+            if not source:
+                continue
+            if self.namespace is None:
+                self.namespace = dict(env)
+            try:
+                exec(compile(source, f"<reference {other}>", "exec"), self.namespace)
+            except Exception:
+                continue
+            self.objects.update({n: self.namespace[n] for n in self.answers.get(other, []) if n in self.namespace})
+        own = set(self.answers.get(part, []))
+        return {n: obj for p in earlier for n in self.answers.get(p, []) if n not in own
+                for obj in [self.objects.get(n)] if obj is not None}
 
 
 def _run_cells(cells: list[str], namespace: dict, replies: _Replies, limit: float) -> None:
@@ -115,8 +177,11 @@ def _run_cells(cells: list[str], namespace: dict, replies: _Replies, limit: floa
             replies.send({"kind": "cell error", "index": index, "error": error[:_MAX_TEXT]})
 
 
-def _runner_work(request: dict, replies: _Replies) -> None:
-    """Execute the notebook's cells, then every check's adapter, reporting as it goes (the untrusted part)."""
+def _runner_work(request: dict, replies: _Replies, request_more: Callable[[str], str | None] | None = None) -> None:
+    """Execute the notebook's cells, then every check's adapter, reporting as it goes (the untrusted part).
+
+    ``request_more(part)``: the reference answer of ``part``, which the judge sends once it holds
+    every result of that part's checks (`References`)."""
     torch.set_num_threads(1)
     parts = list(dict.fromkeys(t["question"] for t in request["tasks"]))
     guard = _Guard(request["off_limits"], allowed_homes(request["library"]), parts).install()
@@ -135,21 +200,38 @@ def _runner_work(request: dict, replies: _Replies) -> None:
     _run_cells(request["cells"], namespace, replies, request["cell_seconds"])
     send_flags()
     replies.send({"kind": "tasks"})
-    run_tasks(request["tasks"], namespace, guard, lambda result: (send_flags(), replies.send(dict(result, kind="task"))))
+    references = References(request["parts"], request.get("answers", {}), request_more) \
+        if request_more and request.get("parts") else None
+    run_tasks(request["tasks"], namespace, guard, lambda result: (send_flags(), replies.send(dict(result, kind="task"))),
+              references)
     send_flags()
     replies.send({"kind": "done"})
 
 
 def _runner_main() -> None:
-    """Entry point of the runner process: sandbox itself, read the request, run the student's code."""
+    """Entry point of the runner process: sandbox itself, read the request, run the student's code.
+
+    After the request, the judge sends on the same pipe, part by part, ``{"part", "source"}`` with
+    the reference answer of a part whose checks have all been answered (`References`)."""
     config = json.loads(sys.argv[1])
     _sandbox(config)
-    stdin = sys.stdin.buffer
+    stdin = os.fdopen(os.dup(0), "rb")          # the judge's pipe; fd 0 itself is closed for the notebook
+    os.close(0)
     (size,) = struct.unpack(">Q", _read_exactly(stdin, 8))
     request = _unpack(_read_exactly(stdin, size))
-    os.close(0)
-    _runner_work(request, _Replies(config["reply_fd"]))
+    received: dict[str, str] = {}
+
+    def request_more(part: str) -> str | None:
+        while part not in received:
+            try:
+                (size,) = struct.unpack(">Q", _read_exactly(stdin, 8))
+                frame = _unpack(_read_exactly(stdin, size))
+            except Exception:                      # the judge sent no more: the part's names stay the student's
+                return None
+            if isinstance(frame, dict) and isinstance(frame.get("part"), str) and isinstance(frame.get("source"), str):
+                received[frame["part"]] = frame["source"]
+        return received[part]
+
+    _runner_work(request, _Replies(config["reply_fd"]), request_more)
     sys.stdout.flush()
     os._exit(0)
-
-

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import json
 import os
+import queue
 import select
 import signal
 import struct
@@ -355,14 +356,24 @@ class _Runner:
             start_new_session=True, cwd=self.scratch.name, env=env)
         os.close(write_fd)
         self.replies = os.fdopen(read_fd, "rb", buffering=0)
-        threading.Thread(target=self._write, args=(_pack(request),), daemon=True).start()
+        self.outbox: queue.Queue = queue.Queue()
+        self.outbox.put(_pack(request))
+        threading.Thread(target=self._write, daemon=True).start()
         self.drain = threading.Thread(target=self._drain, daemon=True)
         self.drain.start()
 
-    def _write(self, payload: bytes) -> None:
+    def _write(self) -> None:
+        """Write the request, then every frame `send` queues, on the runner's stdin (never blocking the judge)."""
         with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.write(payload)
+            for payload in iter(self.outbox.get, None):
+                self.proc.stdin.write(payload)
+                self.proc.stdin.flush()
+        with contextlib.suppress(OSError, ValueError):
             self.proc.stdin.close()
+
+    def send(self, message: dict) -> None:
+        """Queue one more frame for the runner (after the request): a part's reference answer."""
+        self.outbox.put(_pack(message))
 
     def _drain(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -412,6 +423,7 @@ class _Runner:
 
     def close(self) -> None:
         """Kill the runner and everything it started (its process group; with namespaces, its PID namespace)."""
+        self.outbox.put(None)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
