@@ -6,10 +6,9 @@ Mamba's selective SSM at batch 2, d_inner 64, N 16, L 2048, fp32 on the CPU, wit
 sequential loop (median of the paired per-round ratios). Each mode's output is checked against an
 fp64 run of the sequential loop with the scan tolerance of the book's conventions (fp32, 1e-3
 relative: L = 2048 accumulated steps). Target: at least 10x. The plot shows the time per mode
-and the time vs L for the loop and the fastest mode. Runs with torch's default number of threads
-(the machine's cores), the same for every mode: the loop's per-step tensors (batch x d_inner x N =
-2048 floats) are below torch's grain for splitting work across threads, so the loop runs on one core
-whatever the setting, while the chunk mode's whole-chunk passes use every core.
+and the time vs L for the loop and the fastest mode. One CPU thread, as in the other benchmarks: on a shared 2-core machine a
+2-thread pass waits for a pre-empted thread (a loaded run slowed the chunk mode 10 to 250 times and
+left the sequential loop, whose per-step tensors are below torch's grain for splitting work, as it was).
 
 What bounds the chunk mode in eager PyTorch on a CPU: it computes each chunk in closed form (a
 cumulative sum, see `xfam_lib.ssm.selective._factored_chunk_scan`), about ten passes over the
@@ -51,6 +50,8 @@ def inputs(length, dtype=torch.float32, device="cpu"):
 
 @torch.no_grad()
 def main(device: torch.device):
+    if device.type == "cpu":
+        torch.set_num_threads(1)             # the 2-core machine is shared: one thread gives stable ratios
     args = inputs(L, device=device)
     reference = selective_scan(*inputs(L, torch.float64, device))
     errors = {}
